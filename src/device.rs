@@ -1,0 +1,271 @@
+//! One rank's wgpu device, and the few device operations everything else uses.
+//!
+//! wgpu's default reaction to a validation error is to panic, and its default
+//! reaction to running out of memory is a validation error on a buffer that
+//! then poisons every later use. A collective library cannot do either to
+//! its users, so every resource is created inside an error scope, errors
+//! that escape scopes (they happen at submit time) are caught by an
+//! uncaptured-error handler and a device-lost callback, and both are turned
+//! into [`Error::Device`] at the next point where the rank checks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::kernels::Kernels;
+
+/// A rank's device and queue, plus what we learned about its adapter.
+pub(crate) struct RankDevice {
+    /// The rank in the world.
+    pub rank: usize,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// How long any single wait on this device may take.
+    pub timeout: Duration,
+    /// Compiled kernels, made once per device.
+    pub kernels: Kernels,
+    /// First error reported outside an error scope, and whether it is
+    /// permanent (device lost) or reported once (a validation error at submit).
+    fault: Arc<Mutex<Option<(String, bool)>>>,
+    /// Resources created so far (buffers, bind groups, pipelines): the
+    /// steady-state allocation counter tests read.
+    created: AtomicU64,
+}
+
+impl RankDevice {
+    pub(crate) fn new(
+        rank: usize,
+        adapter: &wgpu::Adapter,
+        timeout: Duration,
+    ) -> Result<Arc<RankDevice>> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some(&format!("rank {rank}")),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| {
+            Error::device(
+                rank,
+                None,
+                format!("requesting a device on {}: {e}", info.name),
+            )
+        })?;
+
+        let fault = Arc::new(Mutex::new(None));
+        let sink = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            record(&sink, format!("uncaptured: {e}"), false);
+        }));
+        let sink = fault.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            record(&sink, format!("device lost ({reason:?}): {msg}"), true);
+        });
+        Ok(Arc::new(RankDevice {
+            rank,
+            device,
+            queue,
+            info,
+            limits,
+            timeout,
+            kernels: Kernels::default(),
+            fault,
+            created: AtomicU64::new(0),
+        }))
+    }
+
+    /// Fails if the device reported an error outside any scope, or was lost.
+    pub(crate) fn check(&self, seq: Option<u64>) -> Result<()> {
+        let mut fault = lock(&self.fault);
+        match fault.as_ref() {
+            None => Ok(()),
+            Some((msg, true)) => Err(Error::device(self.rank, seq, msg.clone())),
+            Some((msg, false)) => {
+                let e = Error::device(self.rank, seq, msg.clone());
+                *fault = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Number of wgpu resources this device has created through us.
+    pub(crate) fn resources_created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_resource(&self) {
+        self.created.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `make` inside validation and out-of-memory error scopes, so that
+    /// a bad request becomes an `Error` instead of a panic or a poisoned handle.
+    pub(crate) fn scoped<T>(&self, what: &str, make: impl FnOnce(&wgpu::Device) -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let made = make(&self.device);
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        self.count_resource();
+        match v.or(o) {
+            Some(e) => Err(Error::device(self.rank, None, format!("{what}: {e}"))),
+            None => Ok(made),
+        }
+    }
+
+    pub(crate) fn create_buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        mapped_at_creation: bool,
+    ) -> Result<wgpu::Buffer> {
+        if size > self.limits.max_buffer_size {
+            return Err(Error::device(
+                self.rank,
+                None,
+                format!(
+                    "creating {label} buffer of {size} bytes: larger than this adapter's \
+                     max_buffer_size ({} bytes)",
+                    self.limits.max_buffer_size
+                ),
+            ));
+        }
+        self.scoped(&format!("creating {label} buffer of {size} bytes"), |d| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation,
+            })
+        })
+    }
+
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+
+    pub(crate) fn submit(
+        &self,
+        encoder: wgpu::CommandEncoder,
+        seq: Option<u64>,
+    ) -> Result<wgpu::SubmissionIndex> {
+        let index = self.queue.submit([encoder.finish()]);
+        self.check(seq)?;
+        Ok(index)
+    }
+
+    /// Waits for `index` at most `limit`; `Ok(false)` when it is still running.
+    pub(crate) fn poll_for(
+        &self,
+        index: &wgpu::SubmissionIndex,
+        limit: Duration,
+        seq: Option<u64>,
+    ) -> Result<bool> {
+        let r = self.device.poll(wgpu::PollType::Wait {
+            submission_index: Some(index.clone()),
+            timeout: Some(limit),
+        });
+        self.check(seq)?;
+        match r {
+            Ok(_) => Ok(true),
+            Err(wgpu::PollError::Timeout) => Ok(false),
+            Err(e) => Err(Error::device(
+                self.rank,
+                seq,
+                format!("waiting for a submission: {e}"),
+            )),
+        }
+    }
+
+    /// Drives callbacks without blocking.
+    pub(crate) fn poll_now(&self) {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+    }
+
+    /// Waits for `index` at most the device timeout.
+    pub(crate) fn wait(
+        &self,
+        index: &wgpu::SubmissionIndex,
+        seq: Option<u64>,
+        what: &str,
+    ) -> Result<()> {
+        let start = Instant::now();
+        if self.poll_for(index, self.timeout, seq)? {
+            return Ok(());
+        }
+        Err(Error::Timeout {
+            rank: self.rank,
+            seq: seq.unwrap_or(0),
+            what: format!("device did not finish {what}"),
+            after: start.elapsed(),
+            flight: String::new(),
+        })
+    }
+
+    /// Copies the first `out.len()` bytes of `buffer` to the host. Not a hot
+    /// path: it makes a staging buffer per call.
+    pub(crate) fn read_buffer(&self, buffer: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let size = (out.len() as u64).div_ceil(4) * 4;
+        let staging = self.create_buffer(
+            "readback",
+            size,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            false,
+        )?;
+        let mut enc = self.encoder();
+        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+        let mapped = Arc::new(Mutex::new(None));
+        let m = mapped.clone();
+        enc.map_buffer_on_submit(&staging, wgpu::MapMode::Read, .., move |r| {
+            *lock(&m) = Some(r);
+        });
+        let idx = self.submit(enc, None)?;
+        self.wait(&idx, None, "a tensor read-back")?;
+        match lock(&mapped).take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                return Err(Error::device(
+                    self.rank,
+                    None,
+                    format!("mapping read-back: {e}"),
+                ));
+            }
+            None => {
+                return Err(Error::device(
+                    self.rank,
+                    None,
+                    "read-back map callback never ran",
+                ));
+            }
+        }
+        {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::device(self.rank, None, format!("read-back view: {e}")))?;
+            out.copy_from_slice(&view[..out.len()]);
+        }
+        staging.unmap();
+        Ok(())
+    }
+}
+
+fn record(sink: &Mutex<Option<(String, bool)>>, msg: String, permanent: bool) {
+    let mut s = lock(sink);
+    if s.as_ref().is_none_or(|(_, p)| !p) {
+        *s = Some((msg, permanent));
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: our critical sections leave the data
+/// consistent even if a holder panicked.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,140 @@
+//! One error type for the whole crate.
+//!
+//! Collective failures are only debuggable when the error says *where*
+//! (which rank, which collective by sequence number) and *what each side
+//! expected*, so every variant carries that context instead of a bare
+//! message. `Error` is `Clone` because one failure is reported to several
+//! waiters (every pending `Work` of a communicator, every rank of a group).
+
+use std::time::Duration;
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No wgpu adapter matched the request.
+    #[error(
+        "no GPU adapter found (backends: {backends}{name}); on Debian/Ubuntu without a GPU, \
+         install software Vulkan with `apt-get install mesa-vulkan-drivers` (lavapipe), \
+         then set WGPU_ADAPTER_NAME=llvmpipe to pick it"
+    )]
+    NoAdapter {
+        /// The backends that were searched.
+        backends: String,
+        /// `", name containing …"` when a name filter was given, else empty.
+        name: String,
+    },
+
+    /// A caller passed something the API cannot accept.
+    #[error("invalid argument{}: {what}", at(*rank, None))]
+    InvalidArgument {
+        /// The rank that made the call, when known.
+        rank: Option<usize>,
+        /// What was wrong, with the values involved.
+        what: String,
+    },
+
+    /// Ranks disagree about which collective they are running.
+    #[error(
+        "collective mismatch on rank {rank}, seq {seq}: this rank issued {ours}, \
+         but rank {peer} issued {theirs}"
+    )]
+    Mismatch {
+        /// This rank.
+        rank: usize,
+        /// This rank's sequence number for the collective.
+        seq: u64,
+        /// This rank's fingerprint of the collective.
+        ours: String,
+        /// The peer that disagreed.
+        peer: usize,
+        /// The peer's fingerprint.
+        theirs: String,
+    },
+
+    /// A wait ran past its deadline.
+    #[error("timeout on rank {rank}, seq {seq}: {what} after {after:?}{flight}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The collective that timed out.
+        seq: u64,
+        /// What was being waited for.
+        what: String,
+        /// How long it waited.
+        after: Duration,
+        /// The flight record: what each rank last did (may be empty).
+        flight: String,
+    },
+
+    /// Another rank failed, so this rank's collective cannot complete.
+    #[error("rank {rank}, seq {seq}: peer rank {peer} failed: {reason}")]
+    PeerFailed {
+        /// This rank.
+        rank: usize,
+        /// The collective that was failed.
+        seq: u64,
+        /// The rank that failed.
+        peer: usize,
+        /// Why it failed.
+        reason: String,
+    },
+
+    /// A rank's closure panicked inside `World::run`.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank whose closure panicked.
+        rank: usize,
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+
+    /// The communicator was aborted.
+    #[error("rank {rank}, seq {seq}: communicator aborted")]
+    Aborted {
+        /// This rank.
+        rank: usize,
+        /// The collective that was aborted.
+        seq: u64,
+    },
+
+    /// wgpu reported an error (validation, out of memory, device lost, a failed map).
+    #[error("wgpu error{}: {what}", at(*rank, *seq))]
+    Device {
+        /// The rank whose device failed, when known.
+        rank: Option<usize>,
+        /// The collective in progress, when there was one.
+        seq: Option<u64>,
+        /// wgpu's message, with what we were doing.
+        what: String,
+    },
+}
+
+fn at(rank: Option<usize>, seq: Option<u64>) -> String {
+    match (rank, seq) {
+        (Some(r), Some(s)) => format!(" on rank {r}, seq {s}"),
+        (Some(r), None) => format!(" on rank {r}"),
+        (None, Some(s)) => format!(" at seq {s}"),
+        (None, None) => String::new(),
+    }
+}
+
+impl Error {
+    pub(crate) fn invalid(rank: usize, what: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            rank: Some(rank),
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn device(rank: usize, seq: Option<u64>, what: impl Into<String>) -> Self {
+        Error::Device {
+            rank: Some(rank),
+            seq,
+            what: what.into(),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

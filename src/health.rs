@@ -1,0 +1,126 @@
+//! How ranks learn that a peer failed, so that nobody waits for a rank that
+//! will never arrive.
+//!
+//! Every blocking wait in the engine is a loop of short waits (a tick) that
+//! checks this shared record between them. The first failure of any rank in
+//! a group is recorded once; every other rank's pending and later collectives
+//! then fail within a tick, with an error that names the rank that failed
+//! and why, instead of hanging until their timeout.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::device::{RankDevice, lock};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+
+/// How long one slice of a blocking wait lasts before failures are rechecked.
+pub(crate) const TICK: Duration = Duration::from_millis(20);
+
+#[derive(Default)]
+pub(crate) struct Health {
+    failure: Mutex<Option<Failure>>,
+}
+
+#[derive(Clone)]
+struct Failure {
+    origin: usize,
+    error: Error,
+}
+
+impl Health {
+    pub(crate) fn new() -> Arc<Health> {
+        Arc::new(Health::default())
+    }
+
+    /// Records that rank `origin` failed with `error` (the first record wins).
+    pub(crate) fn fail(&self, origin: usize, error: Error) {
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(Failure { origin, error });
+        }
+    }
+
+    /// Forgets a recorded failure (a new `World::run`).
+    pub(crate) fn reset(&self) {
+        *lock(&self.failure) = None;
+    }
+
+    /// `Ok` while nobody has failed; else the error `rank` should report for `seq`.
+    pub(crate) fn check(&self, rank: usize, seq: u64) -> Result<()> {
+        let f = match lock(&self.failure).clone() {
+            None => return Ok(()),
+            Some(f) => f,
+        };
+        Err(match f.error {
+            // A mismatch is reported the same way on every rank: it names both sides.
+            e @ Error::Mismatch { .. } => e,
+            Error::Aborted { .. } => Error::Aborted { rank, seq },
+            e if f.origin == rank => e,
+            e => Error::PeerFailed {
+                rank,
+                seq,
+                peer: f.origin,
+                reason: e.to_string(),
+            },
+        })
+    }
+
+    /// Repeats `attempt` (which may block at most the slice it is given)
+    /// until it yields a value, a peer fails, or `deadline` passes.
+    pub(crate) fn wait_loop<T>(
+        &self,
+        rank: usize,
+        seq: u64,
+        deadline: Instant,
+        what: impl Fn() -> String,
+        mut attempt: impl FnMut(Duration) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        loop {
+            self.check(rank, seq)?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    rank,
+                    seq,
+                    what: what(),
+                    after: now - start,
+                    flight: String::new(),
+                });
+            }
+            if let Some(v) = attempt((deadline - now).min(TICK))? {
+                return Ok(v);
+            }
+        }
+    }
+}
+
+/// Blocking waits made on behalf of one collective on one rank: each lasts
+/// at most the configured timeout, and gives up within a tick when a peer
+/// fails.
+pub(crate) struct Waiter<'a> {
+    pub dev: &'a RankDevice,
+    pub health: &'a Health,
+    /// This rank in the communicator.
+    pub rank: usize,
+    pub fp: Fingerprint,
+    pub timeout: Duration,
+}
+
+impl Waiter<'_> {
+    /// Repeats `attempt` until it yields, see [`Health::wait_loop`].
+    pub(crate) fn until<T>(
+        &self,
+        what: impl Fn() -> String,
+        attempt: impl FnMut(Duration) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + self.timeout;
+        self.health
+            .wait_loop(self.rank, self.fp.seq, deadline, what, attempt)
+    }
+
+    pub(crate) fn device_error(&self, what: String) -> Error {
+        Error::device(self.rank, Some(self.fp.seq), what)
+    }
+}

@@ -1,0 +1,179 @@
+//! The reduction kernel, specialised per dtype and operator, and its pipeline cache.
+//!
+//! One WGSL source (`shaders/reduce.wgsl`) serves every dtype: a small dtype
+//! prelude is prepended, and the operator and the Avg divisor are pipeline
+//! override constants, so the driver folds the branches away. Pipelines are
+//! made once per (dtype, op, divisor) per device and cached: creating one
+//! costs milliseconds (lavapipe compiles with LLVM), which no collective
+//! should pay twice.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::device::{RankDevice, lock};
+use crate::error::Result;
+use crate::op::ReduceOp;
+use crate::tensor::DType;
+
+const REDUCE: &str = include_str!("../shaders/reduce.wgsl");
+const WORKGROUP: u32 = 256;
+
+fn prelude(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => include_str!("../shaders/dtype_f32.wgsl"),
+        DType::F16 => include_str!("../shaders/dtype_f16.wgsl"),
+        DType::BF16 => include_str!("../shaders/dtype_bf16.wgsl"),
+        DType::I32 => include_str!("../shaders/dtype_i32.wgsl"),
+        DType::U32 => include_str!("../shaders/dtype_u32.wgsl"),
+    }
+}
+
+/// A reduction pipeline ready to dispatch.
+#[derive(Clone)]
+pub(crate) struct Reducer {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+#[derive(Default)]
+pub(crate) struct Kernels {
+    modules: Mutex<HashMap<DType, wgpu::ShaderModule>>,
+    layout: Mutex<Option<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    reducers: Mutex<HashMap<(DType, u32, u32), Reducer>>,
+}
+
+impl Kernels {
+    /// The pipeline computing `dst = op(dst, src)`, then dividing by
+    /// `divisor` when it is non-zero.
+    pub(crate) fn reducer(
+        &self,
+        dev: &RankDevice,
+        dtype: DType,
+        op: ReduceOp,
+        divisor: u32,
+    ) -> Result<Reducer> {
+        let key = (dtype, op.shader_code(), divisor);
+        if let Some(r) = lock(&self.reducers).get(&key) {
+            return Ok(r.clone());
+        }
+        let (layout, pipeline_layout) = self.layouts(dev)?;
+        let module = self.module(dev, dtype)?;
+        let constants = [("OP", f64::from(key.1)), ("DIVISOR", f64::from(divisor))];
+        let pipeline = dev.scoped(&format!("compiling the {dtype} {op} reduction"), |d| {
+            d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("reduce"),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
+        })?;
+        let r = Reducer { pipeline, layout };
+        lock(&self.reducers).insert(key, r.clone());
+        Ok(r)
+    }
+
+    fn module(&self, dev: &RankDevice, dtype: DType) -> Result<wgpu::ShaderModule> {
+        if let Some(m) = lock(&self.modules).get(&dtype) {
+            return Ok(m.clone());
+        }
+        let source = format!("{}\n{}", prelude(dtype), REDUCE);
+        let m = dev.scoped(&format!("compiling shaders/reduce.wgsl for {dtype}"), |d| {
+            d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("reduce.wgsl"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            })
+        })?;
+        lock(&self.modules).insert(dtype, m.clone());
+        Ok(m)
+    }
+
+    fn layouts(&self, dev: &RankDevice) -> Result<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut slot = lock(&self.layout);
+        if let Some(l) = slot.as_ref() {
+            return Ok(l.clone());
+        }
+        let entry = |binding, read_only| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let made = dev.scoped("creating the reduction layouts", |d| {
+            let bgl = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("reduce"),
+                entries: &[entry(0, false), entry(1, true)],
+            });
+            let pl = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("reduce"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+            (bgl, pl)
+        })?;
+        *slot = Some(made.clone());
+        Ok(made)
+    }
+}
+
+impl Reducer {
+    /// Records `dst[dst_off..][..bytes] = op(dst, src[src_off..][..bytes])`.
+    /// Offsets must be multiples of the adapter's storage offset alignment
+    /// and `bytes` at most its largest storage binding; the schedules
+    /// guarantee both.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn encode(
+        &self,
+        dev: &RankDevice,
+        enc: &mut wgpu::CommandEncoder,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let size = wgpu::BufferSize::new(bytes);
+        let bind = dev.scoped("binding a reduction", |d| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &self.layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: dst,
+                            offset: dst_off,
+                            size,
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: src,
+                            offset: src_off,
+                            size,
+                        }),
+                    },
+                ],
+            })
+        })?;
+        let words = bytes / 4;
+        let groups = words.div_ceil(u64::from(WORKGROUP)).clamp(
+            1,
+            u64::from(dev.limits.max_compute_workgroups_per_dimension),
+        ) as u32;
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups, 1, 1);
+        Ok(())
+    }
+}

@@ -1,0 +1,52 @@
+//! Collective communication for ranks on wgpu devices.
+//!
+//! NCCL gives NVIDIA GPUs fast collectives; wgpu users (Vulkan, Metal,
+//! DX12: AMD, Intel, Apple, NVIDIA alike) have nothing comparable. This
+//! crate runs a [`World`] of simulated ranks, each on its own wgpu device,
+//! executing SPMD code as `torch.distributed` programs do. Collectives are
+//! ring schedules whose reductions are WGSL kernels on the receiving rank's
+//! device; they return at once with a fence-backed [`Work`].
+//!
+//! ```no_run
+//! use wgpu_collectives::{World, WorldConfig, Communicator, ReduceOp};
+//! # fn main() -> Result<(), wgpu_collectives::Error> {
+//! let world = World::new(WorldConfig::new(4))?;
+//! let sums = world.run(|comm: &Communicator| {
+//!     let x = comm.tensor(&[comm.rank() as f32; 1000])?;
+//!     let y = comm.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+//!     y.to_vec::<f32>()
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! Module map:
+//! - `world`: the ranks, adapter choice, SPMD threads.
+//! - `comm`: [`Communicator`], issue order, the per-communicator progress thread.
+//! - `work`: [`Work`], the async handle (host steps, then a device fence).
+//! - `tensor`: [`Tensor`], [`DType`], [`Element`].
+//! - `algo`: schedules (`ring.rs`) over primitive steps (`prims.rs`).
+//! - `transport`: moving slices between rank devices through host memory.
+//! - `kernels`: the WGSL reduction (`shaders/`), specialised and cached.
+//! - `health`: failure propagation and bounded waits.
+//! - `device`: one rank's wgpu device, with errors turned into values.
+#![warn(missing_docs)]
+
+mod algo;
+mod comm;
+mod device;
+mod error;
+mod fingerprint;
+mod health;
+mod kernels;
+mod op;
+mod tensor;
+mod transport;
+mod work;
+mod world;
+
+pub use comm::Communicator;
+pub use error::{Error, Result};
+pub use op::ReduceOp;
+pub use tensor::{DType, Element, Tensor};
+pub use work::Work;
+pub use world::{MAX_RANKS, World, WorldConfig};

@@ -1,0 +1,232 @@
+//! Tensors: one rank's device buffer, typed.
+//!
+//! A `Tensor` is a cheap handle (an `Arc`) so that a collective in flight can
+//! keep its input and output alive after the caller has dropped theirs: the
+//! progress thread holds a clone until the device has finished with it.
+//!
+//! Buffers are sized in whole 32-bit words, because every kernel works on
+//! `u32` words: 16-bit dtypes are packed two to a word, and an odd length
+//! leaves one padding half that is reduced along with the rest but never
+//! read back. This is what lets every adapter run every dtype without
+//! `shader-f16`.
+
+use std::sync::Arc;
+
+use crate::device::RankDevice;
+use crate::error::{Error, Result};
+
+/// The element types a tensor can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 16-bit IEEE float (`half::f16`).
+    F16,
+    /// bfloat16 (`half::bf16`).
+    BF16,
+    /// 32-bit signed integer.
+    I32,
+    /// 32-bit unsigned integer.
+    U32,
+}
+
+impl DType {
+    /// Every dtype, in a fixed order.
+    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Whether this is an integer type (the bitwise reductions need one).
+    pub fn is_integer(self) -> bool {
+        matches!(self, DType::I32 | DType::U32)
+    }
+
+    /// The short name nccl-tests prints (`float`, `half`, `bfloat16`, `int32`, `uint32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F16 => "half",
+            DType::BF16 => "bfloat16",
+            DType::I32 => "int32",
+            DType::U32 => "uint32",
+        }
+    }
+
+    /// Number of 32-bit words that hold `len` elements.
+    pub(crate) fn words(self, len: usize) -> usize {
+        (len * self.size()).div_ceil(4)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust type that can live in a [`Tensor`]: `f32`, `half::f16`,
+/// `half::bf16`, `i32`, `u32`.
+pub trait Element: bytemuck::Pod + Send + Sync + sealed::Sealed {
+    /// The tensor dtype for this type.
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($t:ty, $d:ident) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    };
+}
+element!(f32, F32);
+element!(half::f16, F16);
+element!(half::bf16, BF16);
+element!(i32, I32);
+element!(u32, U32);
+
+/// A handle to a tensor on one rank's device.
+///
+/// Cloning is cheap and shares the buffer. All of a tensor's operations go
+/// through the device of the rank that made it; passing it to another rank's
+/// communicator is an error.
+#[derive(Clone)]
+pub struct Tensor {
+    inner: Arc<TensorInner>,
+}
+
+struct TensorInner {
+    buffer: wgpu::Buffer,
+    len: usize,
+    dtype: DType,
+    device: Arc<RankDevice>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("rank", &self.rank())
+            .field("dtype", &self.dtype())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Tensor {
+    /// Usage of every tensor buffer: kernels read and write it, transfers copy in and out.
+    pub(crate) const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+        .union(wgpu::BufferUsages::COPY_SRC)
+        .union(wgpu::BufferUsages::COPY_DST);
+
+    /// A tensor holding `data`, written through a buffer mapped at creation
+    /// (no `queue.write_buffer` staging allocation).
+    pub(crate) fn from_slice<T: Element>(device: &Arc<RankDevice>, data: &[T]) -> Result<Tensor> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buffer = device.create_buffer(
+            "tensor",
+            Self::buffer_size(T::DTYPE, data.len()),
+            Self::USAGE,
+            true,
+        )?;
+        {
+            let mut view = buffer.get_mapped_range_mut(..).map_err(|e| {
+                Error::device(device.rank, None, format!("mapping a new tensor: {e}"))
+            })?;
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+        }
+        buffer.unmap();
+        Ok(Self::wrap(device, buffer, T::DTYPE, data.len()))
+    }
+
+    /// A zero-filled tensor (wgpu zero-initialises new buffers).
+    pub(crate) fn zeros(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
+        let buffer =
+            device.create_buffer("tensor", Self::buffer_size(dtype, len), Self::USAGE, false)?;
+        Ok(Self::wrap(device, buffer, dtype, len))
+    }
+
+    fn wrap(device: &Arc<RankDevice>, buffer: wgpu::Buffer, dtype: DType, len: usize) -> Tensor {
+        Tensor {
+            inner: Arc::new(TensorInner {
+                buffer,
+                len,
+                dtype,
+                device: device.clone(),
+            }),
+        }
+    }
+
+    /// Whole words, at least one (wgpu rejects some uses of empty buffers).
+    fn buffer_size(dtype: DType, len: usize) -> u64 {
+        (dtype.words(len).max(1) * 4) as u64
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.inner.dtype
+    }
+
+    /// The rank (in the world) whose device holds this tensor.
+    pub fn rank(&self) -> usize {
+        self.inner.device.rank
+    }
+
+    /// Number of 32-bit words the kernels see.
+    pub(crate) fn words(&self) -> usize {
+        self.inner.dtype.words(self.inner.len)
+    }
+
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.inner.buffer
+    }
+
+    pub(crate) fn device(&self) -> &Arc<RankDevice> {
+        &self.inner.device
+    }
+
+    /// Copies the tensor back to the host.
+    ///
+    /// Waits (with the world's timeout) for every submission on this rank's
+    /// device that was made before the call, so reading the output of a
+    /// collective whose `Work` has completed always sees the result.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let dev = &self.inner.device;
+        if T::DTYPE != self.dtype() {
+            return Err(Error::invalid(
+                dev.rank,
+                format!(
+                    "to_vec::<{}>() on a {} tensor: the element type must match the dtype",
+                    T::DTYPE,
+                    self.dtype()
+                ),
+            ));
+        }
+        let mut out = vec![T::zeroed(); self.len()];
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(&mut out);
+        if bytes.is_empty() {
+            return Ok(out);
+        }
+        dev.read_buffer(self.buffer(), bytes)?;
+        Ok(out)
+    }
+}

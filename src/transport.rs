@@ -1,0 +1,341 @@
+//! Moving slices between ranks.
+//!
+//! wgpu has no peer-to-peer between devices, so every hop goes through host
+//! memory: the sender copies a slice of its buffer into a mapped read-back
+//! buffer and into a [`Packet`]; the receiver writes the packet into a
+//! mapped upload buffer and copies it on its device. The hop itself is the
+//! narrow seam [`Endpoint::post`] / [`Endpoint::take`]: today an in-process
+//! channel, later (ranks in several processes) an MPI message, with nothing
+//! above this module knowing which.
+//!
+//! Packets are recycled through a pool shared by the group, so in steady
+//! state a collective allocates no host memory; device staging buffers are
+//! made once per communicator and reused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam::queue::ArrayQueue;
+
+use crate::device::RankDevice;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::health::Waiter;
+
+/// One slice in flight from one rank to another, with the sender's view of
+/// which collective it belongs to.
+pub(crate) struct Packet {
+    pub fp: Fingerprint,
+    pub from: usize,
+    pub data: Vec<u8>,
+}
+
+/// One rank's ends of the links to every other rank of a group.
+pub(crate) struct Endpoint {
+    rank: usize,
+    to: Vec<Sender<Packet>>,
+    from: Vec<Receiver<Packet>>,
+    pool: Arc<ArrayQueue<Vec<u8>>>,
+}
+
+/// Links between every pair of `n` ranks; entry `r` is rank `r`'s endpoint.
+pub(crate) fn mesh(n: usize) -> Vec<Endpoint> {
+    let pool = Arc::new(ArrayQueue::new(4 * n.max(1)));
+    // links[a][b]: a -> b
+    let links: Vec<Vec<(Sender<Packet>, Receiver<Packet>)>> = (0..n)
+        .map(|_| (0..n).map(|_| unbounded()).collect())
+        .collect();
+    (0..n)
+        .map(|r| Endpoint {
+            rank: r,
+            to: (0..n).map(|p| links[r][p].0.clone()).collect(),
+            from: (0..n).map(|p| links[p][r].1.clone()).collect(),
+            pool: pool.clone(),
+        })
+        .collect()
+}
+
+impl Endpoint {
+    /// Sends `packet` to `peer` without blocking.
+    pub(crate) fn post(&self, peer: usize, packet: Packet) -> Result<()> {
+        self.to[peer].send(packet).map_err(|_| Error::PeerFailed {
+            rank: self.rank,
+            seq: 0,
+            peer,
+            reason: "its endpoint is gone".into(),
+        })
+    }
+
+    /// Receives the next packet from `peer`, checking that it belongs to the
+    /// collective `w` is running and carries `bytes` bytes.
+    pub(crate) fn take(&self, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
+        let rx = &self.from[peer];
+        let p = w.until(
+            || format!("rank {peer} to send {bytes} bytes of {}", w.fp),
+            |tick| match rx.recv_timeout(tick) {
+                Ok(p) => Ok(Some(p)),
+                Err(RecvTimeoutError::Timeout) => Ok(None),
+                Err(RecvTimeoutError::Disconnected) => Err(Error::PeerFailed {
+                    rank: self.rank,
+                    seq: w.fp.seq,
+                    peer,
+                    reason: "its endpoint is gone".into(),
+                }),
+            },
+        )?;
+        if p.fp != w.fp || p.data.len() != bytes {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                seq: w.fp.seq,
+                ours: format!("{} expecting {bytes} bytes", w.fp),
+                peer: p.from,
+                theirs: format!("{} sending {} bytes", p.fp, p.data.len()),
+            });
+        }
+        Ok(p)
+    }
+
+    /// An empty host buffer from the pool.
+    pub(crate) fn buffer(&self) -> Vec<u8> {
+        let mut v = self.pool.pop().unwrap_or_default();
+        v.clear();
+        v
+    }
+
+    /// Returns a packet's buffer to the pool.
+    pub(crate) fn recycle(&self, v: Vec<u8>) {
+        let _ = self.pool.push(v);
+    }
+
+    /// Drops packets left over from an earlier, failed run.
+    pub(crate) fn drain(&self) {
+        for rx in &self.from {
+            while let Ok(p) = rx.try_recv() {
+                self.recycle(p.data);
+            }
+        }
+    }
+}
+
+const MAP_PENDING: u8 = 0;
+const MAP_READY: u8 = 1;
+const MAP_FAILED: u8 = 2;
+
+/// A mappable staging buffer and the state of its last map request.
+struct Staging {
+    buf: wgpu::Buffer,
+    state: Arc<AtomicU8>,
+    last_use: Option<wgpu::SubmissionIndex>,
+}
+
+impl Staging {
+    fn new(
+        dev: &RankDevice,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Result<Staging> {
+        Ok(Staging {
+            buf: dev.create_buffer(label, size, usage, mapped)?,
+            state: Arc::new(AtomicU8::new(if mapped { MAP_READY } else { MAP_PENDING })),
+            last_use: None,
+        })
+    }
+
+    /// Asks for the buffer to be mapped once the submission being encoded completes.
+    fn arm(&self, enc: &wgpu::CommandEncoder, mode: wgpu::MapMode) {
+        self.state.store(MAP_PENDING, Ordering::Release);
+        let state = self.state.clone();
+        enc.map_buffer_on_submit(&self.buf, mode, .., move |r| {
+            state.store(
+                if r.is_ok() { MAP_READY } else { MAP_FAILED },
+                Ordering::Release,
+            );
+        });
+    }
+
+    /// Waits until the map asked for by `arm` has happened.
+    fn mapped(&self, w: &Waiter, what: &str) -> Result<()> {
+        w.until(
+            || format!("the {what} buffer to be mapped for {}", w.fp),
+            |tick| match self.state.load(Ordering::Acquire) {
+                MAP_READY => Ok(Some(())),
+                MAP_FAILED => Err(w.device_error(format!("mapping the {what} buffer failed"))),
+                _ => {
+                    match &self.last_use {
+                        Some(idx) => {
+                            w.dev.poll_for(idx, tick, Some(w.fp.seq))?;
+                        }
+                        None => std::thread::sleep(tick),
+                    }
+                    Ok(None)
+                }
+            },
+        )
+    }
+}
+
+/// Upload buffers in flight at once: a receive can start while the previous
+/// upload's copy is still running on the device.
+const UPLOAD_SLOTS: usize = 3;
+
+/// The device side of hops for one communicator on one rank: a read-back
+/// buffer, a ring of upload buffers and a scratch buffer the reductions read.
+pub(crate) struct Stager {
+    dev: Arc<RankDevice>,
+    capacity: u64,
+    readback: Option<Staging>,
+    uploads: Vec<Staging>,
+    next_upload: usize,
+    used: Vec<usize>,
+    readback_armed: bool,
+    scratch: Option<wgpu::Buffer>,
+}
+
+impl Stager {
+    pub(crate) fn new(dev: Arc<RankDevice>) -> Stager {
+        Stager {
+            dev,
+            capacity: 0,
+            readback: None,
+            uploads: Vec::new(),
+            next_upload: 0,
+            used: Vec::new(),
+            readback_armed: false,
+            scratch: None,
+        }
+    }
+
+    /// Forgets every staging buffer: after a failed collective their map
+    /// states are unknown, so they are made afresh on next use.
+    pub(crate) fn clear(&mut self) {
+        self.capacity = 0;
+        self.readback = None;
+        self.uploads.clear();
+        self.used.clear();
+        self.readback_armed = false;
+        self.scratch = None;
+    }
+
+    /// Makes sure every staging buffer holds at least `bytes`. Buffers are
+    /// made on first use and only remade when a larger slice comes.
+    pub(crate) fn reserve(&mut self, bytes: u64) -> Result<()> {
+        if bytes <= self.capacity {
+            return Ok(());
+        }
+        use wgpu::BufferUsages as U;
+        let dev = &self.dev;
+        self.readback = Some(Staging::new(
+            dev,
+            "read-back",
+            bytes,
+            U::MAP_READ | U::COPY_DST,
+            false,
+        )?);
+        self.uploads = (0..UPLOAD_SLOTS)
+            .map(|_| Staging::new(dev, "upload", bytes, U::MAP_WRITE | U::COPY_SRC, true))
+            .collect::<Result<_>>()?;
+        self.scratch =
+            Some(dev.create_buffer("scratch", bytes, U::STORAGE | U::COPY_DST, false)?);
+        self.capacity = bytes;
+        self.next_upload = 0;
+        self.used.clear();
+        Ok(())
+    }
+
+    /// The buffer a received slice is uploaded to before it is reduced.
+    pub(crate) fn scratch(&self, w: &Waiter) -> Result<&wgpu::Buffer> {
+        self.scratch
+            .as_ref()
+            .ok_or_else(|| w.device_error("staging used before reserve".into()))
+    }
+
+    /// Records a copy of `src[off..off + bytes]` into the read-back buffer,
+    /// to be mapped when the submission completes.
+    pub(crate) fn encode_download(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        off: u64,
+        bytes: u64,
+        w: &Waiter,
+    ) -> Result<()> {
+        let rb = self
+            .readback
+            .as_mut()
+            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+        enc.copy_buffer_to_buffer(src, off, &rb.buf, 0, bytes);
+        rb.arm(enc, wgpu::MapMode::Read);
+        self.readback_armed = true;
+        Ok(())
+    }
+
+    /// After the download's submission: appends the slice to `out`.
+    pub(crate) fn finish_download(
+        &mut self,
+        bytes: usize,
+        out: &mut Vec<u8>,
+        w: &Waiter,
+    ) -> Result<()> {
+        let rb = self
+            .readback
+            .as_ref()
+            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+        rb.mapped(w, "read-back")?;
+        {
+            let view = rb
+                .buf
+                .get_mapped_range(..bytes as u64)
+                .map_err(|e| w.device_error(format!("read-back view: {e}")))?;
+            out.extend_from_slice(&view);
+        }
+        rb.buf.unmap();
+        Ok(())
+    }
+
+    /// Writes `data` into the next upload buffer and records its copy to
+    /// `dst[dst_off..]`.
+    pub(crate) fn encode_upload(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        data: &[u8],
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        w: &Waiter,
+    ) -> Result<()> {
+        let i = self.next_upload;
+        let slot = self
+            .uploads
+            .get(i)
+            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+        slot.mapped(w, "upload")?;
+        {
+            let mut view = slot
+                .buf
+                .get_mapped_range_mut(..data.len() as u64)
+                .map_err(|e| w.device_error(format!("upload view: {e}")))?;
+            view.copy_from_slice(data);
+        }
+        slot.buf.unmap();
+        enc.copy_buffer_to_buffer(&slot.buf, 0, dst, dst_off, data.len() as u64);
+        slot.arm(enc, wgpu::MapMode::Write);
+        self.used.push(i);
+        self.next_upload = (i + 1) % self.uploads.len();
+        Ok(())
+    }
+
+    /// Tells the stager which submission carried the uploads encoded since
+    /// the last call, so that their next use waits for it.
+    pub(crate) fn submitted(&mut self, idx: &wgpu::SubmissionIndex) {
+        for i in self.used.drain(..) {
+            self.uploads[i].last_use = Some(idx.clone());
+        }
+        if std::mem::take(&mut self.readback_armed) {
+            if let Some(rb) = self.readback.as_mut() {
+                rb.last_use = Some(idx.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! `Work`: the handle a collective returns at once.
+//!
+//! A collective is finished when two things have happened: the progress
+//! thread has run its host-side steps (receives, sends), and the device has
+//! executed the last submission that writes the output. The first is a
+//! state the progress thread publishes; the second is a fence, so waiting
+//! on a `Work` is a condition-variable wait followed by
+//! `device.poll(PollType::Wait { submission_index, timeout })`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::device::{RankDevice, lock};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::tensor::Tensor;
+
+#[derive(Clone)]
+enum Phase {
+    Queued,
+    Running(Instant),
+    /// Host steps done; the device still has to run this submission.
+    Issued(wgpu::SubmissionIndex),
+    Done,
+    Failed(Error),
+}
+
+/// Shared between a `Work` and the progress thread running it.
+pub(crate) struct WorkState {
+    phase: Mutex<Phase>,
+    changed: Condvar,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl WorkState {
+    pub(crate) fn new() -> Arc<WorkState> {
+        Arc::new(WorkState {
+            phase: Mutex::new(Phase::Queued),
+            changed: Condvar::new(),
+            waker: Mutex::new(None),
+        })
+    }
+
+    fn set(&self, p: Phase) {
+        *lock(&self.phase) = p;
+        self.changed.notify_all();
+        if let Some(w) = lock(&self.waker).take() {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn start(&self) {
+        self.set(Phase::Running(Instant::now()));
+    }
+
+    pub(crate) fn issued(&self, idx: wgpu::SubmissionIndex) {
+        self.set(Phase::Issued(idx));
+    }
+
+    pub(crate) fn fail(&self, e: Error) {
+        self.set(Phase::Failed(e));
+    }
+
+    /// Called when the device reports the final submission done.
+    pub(crate) fn gpu_done(&self) {
+        let mut p = lock(&self.phase);
+        if matches!(*p, Phase::Issued(_)) {
+            *p = Phase::Done;
+            drop(p);
+            self.changed.notify_all();
+            if let Some(w) = lock(&self.waker).take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn phase(&self) -> Phase {
+        lock(&self.phase).clone()
+    }
+}
+
+/// An asynchronous collective in flight: wait on it (or `.await` it) to get
+/// its output.
+///
+/// Dropping a `Work` does not cancel the collective: it still completes, so
+/// peers never hang on a rank that lost interest.
+#[must_use = "a collective's result is only safe to read after waiting on its Work"]
+pub struct Work {
+    state: Arc<WorkState>,
+    outputs: Vec<Tensor>,
+    dev: Arc<RankDevice>,
+    fp: Fingerprint,
+    rank: usize,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Work(rank {}, {})", self.rank, self.fp)
+    }
+}
+
+impl Work {
+    pub(crate) fn new(
+        state: Arc<WorkState>,
+        outputs: Vec<Tensor>,
+        dev: Arc<RankDevice>,
+        fp: Fingerprint,
+        rank: usize,
+        timeout: Duration,
+    ) -> Work {
+        Work {
+            state,
+            outputs,
+            dev,
+            fp,
+            rank,
+            timeout,
+        }
+    }
+
+    /// Waits for the collective and returns its output.
+    ///
+    /// Each phase is bounded by the world's timeout: the host steps from
+    /// when they start (time spent queued behind earlier collectives does
+    /// not count; those have their own bounds), then the device fence.
+    pub fn wait(self) -> Result<Tensor> {
+        self.finish(None)?;
+        self.first()
+    }
+
+    /// Like [`wait`](Self::wait), but gives up after `limit` from now with
+    /// [`Error::Timeout`].
+    pub fn wait_timeout(self, limit: Duration) -> Result<Tensor> {
+        self.finish(Some(Instant::now() + limit))?;
+        self.first()
+    }
+
+    /// Waits for a collective with several outputs (a coalesced call) and
+    /// returns them in order.
+    pub fn wait_all(self) -> Result<Vec<Tensor>> {
+        self.finish(None)?;
+        Ok(self.outputs)
+    }
+
+    /// Whether the collective has finished (successfully or not). Never blocks.
+    pub fn is_completed(&self) -> bool {
+        match self.state.phase() {
+            Phase::Done | Phase::Failed(_) => true,
+            Phase::Issued(idx) => self.gpu_finished(&idx),
+            Phase::Queued | Phase::Running(_) => false,
+        }
+    }
+
+    fn first(mut self) -> Result<Tensor> {
+        if self.outputs.is_empty() {
+            return Err(Error::invalid(
+                self.rank,
+                format!("{} has no output tensor", self.fp),
+            ));
+        }
+        Ok(self.outputs.swap_remove(0))
+    }
+
+    fn gpu_finished(&self, idx: &wgpu::SubmissionIndex) -> bool {
+        if matches!(
+            self.dev.poll_for(idx, Duration::ZERO, Some(self.fp.seq)),
+            Ok(true)
+        ) {
+            self.state.gpu_done();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn timeout_error(&self, what: &str, after: Duration) -> Error {
+        Error::Timeout {
+            rank: self.rank,
+            seq: self.fp.seq,
+            what: format!("{what} of {}", self.fp),
+            after,
+            flight: String::new(),
+        }
+    }
+
+    fn finish(&self, deadline: Option<Instant>) -> Result<()> {
+        let start = Instant::now();
+        let mut phase = lock(&self.state.phase);
+        loop {
+            let now = Instant::now();
+            let limit = match (&*phase, deadline) {
+                (Phase::Done, _) => return Ok(()),
+                (Phase::Failed(e), _) => return Err(e.clone()),
+                (Phase::Issued(idx), _) => {
+                    let idx = idx.clone();
+                    drop(phase);
+                    let limit = deadline.map_or(self.timeout, |d| d.saturating_duration_since(now));
+                    if self.dev.poll_for(&idx, limit, Some(self.fp.seq))? {
+                        self.state.gpu_done();
+                        return Ok(());
+                    }
+                    return Err(
+                        self.timeout_error("the device to finish the output", start.elapsed())
+                    );
+                }
+                (_, Some(d)) => d,
+                // Bounded by the progress thread's own per-wait timeouts;
+                // this is a backstop should it ever stop publishing.
+                (Phase::Running(since), None) => *since + self.timeout * 2 + Duration::from_secs(1),
+                (Phase::Queued, None) => now + self.timeout * 2 + Duration::from_secs(1),
+            };
+            if now >= limit {
+                return Err(self.timeout_error("the collective's host steps", start.elapsed()));
+            }
+            phase = self
+                .state
+                .changed
+                .wait_timeout(phase, limit - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+impl Future for Work {
+    type Output = Result<Tensor>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // Register first, so a transition between the check and the
+        // registration still wakes us.
+        *lock(&this.state.waker) = Some(cx.waker().clone());
+        let ready = match this.state.phase() {
+            Phase::Done => true,
+            Phase::Failed(e) => return Poll::Ready(Err(e)),
+            Phase::Issued(idx) => this.gpu_finished(&idx),
+            Phase::Queued | Phase::Running(_) => false,
+        };
+        if !ready {
+            return Poll::Pending;
+        }
+        match this.outputs.first() {
+            Some(t) => Poll::Ready(Ok(t.clone())),
+            None => Poll::Ready(Err(Error::invalid(
+                this.rank,
+                format!("{} has no output tensor", this.fp),
+            ))),
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! `World`: N simulated ranks, each on its own wgpu device, running SPMD code.
+//!
+//! Ranks are threads of one process, but nothing they share is implicit:
+//! each has its own `Device` and `Queue` (several may come from one
+//! adapter), and they talk only through the transport's links, as ranks in
+//! separate processes would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::comm::{Communicator, panic_message};
+use crate::device::RankDevice;
+use crate::error::{Error, Result};
+use crate::health::Health;
+use crate::transport::mesh;
+
+/// Most ranks a world may have.
+pub const MAX_RANKS: usize = 64;
+
+/// How to build a [`World`].
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    ranks: usize,
+    backends: Option<wgpu::Backends>,
+    adapter_name: Option<String>,
+    timeout: Duration,
+}
+
+impl WorldConfig {
+    /// A world of `ranks` ranks, with backends and adapter from the
+    /// `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` environment variables, and a
+    /// 60 s timeout.
+    pub fn new(ranks: usize) -> WorldConfig {
+        WorldConfig {
+            ranks,
+            backends: None,
+            adapter_name: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Which wgpu backends to look for adapters on.
+    pub fn with_backends(mut self, backends: wgpu::Backends) -> Self {
+        self.backends = Some(backends);
+        self
+    }
+
+    /// Only use adapters whose name contains `name` (case-insensitive).
+    pub fn with_adapter_name(mut self, name: &str) -> Self {
+        self.adapter_name = Some(name.to_string());
+        self
+    }
+
+    /// How long any collective may wait for its peers or its device.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn backends(&self) -> wgpu::Backends {
+        self.backends
+            .or_else(wgpu::Backends::from_env)
+            .unwrap_or(wgpu::Backends::PRIMARY)
+    }
+
+    fn adapter_name(&self) -> Option<String> {
+        self.adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// A group of simulated ranks.
+pub struct World {
+    comms: Vec<Communicator>,
+    adapters: Vec<wgpu::AdapterInfo>,
+    health: Arc<Health>,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "World({} ranks)", self.comms.len())
+    }
+}
+
+impl World {
+    /// Finds adapters and creates one device per rank, spread round-robin
+    /// over the matching adapters (GPUs preferred over CPU adapters).
+    pub fn new(config: WorldConfig) -> Result<World> {
+        let n = config.ranks;
+        if n == 0 || n > MAX_RANKS {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!("a world needs 1 to {MAX_RANKS} ranks, got {n}"),
+            });
+        }
+        if config.timeout.is_zero() {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: "the timeout must be longer than zero".into(),
+            });
+        }
+        let adapters = find_adapters(&config)?;
+        let health = Health::new();
+        let mut comms = Vec::with_capacity(n);
+        let mut infos = Vec::with_capacity(n);
+        for (rank, endpoint) in mesh(n).into_iter().enumerate() {
+            let adapter = &adapters[rank % adapters.len()];
+            let dev = RankDevice::new(rank, adapter, config.timeout)?;
+            infos.push(dev.info.clone());
+            comms.push(Communicator::new(
+                rank,
+                n,
+                dev,
+                endpoint,
+                health.clone(),
+                config.timeout,
+            )?);
+        }
+        Ok(World {
+            comms,
+            adapters: infos,
+            health,
+        })
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.comms.len()
+    }
+
+    /// The adapter each rank runs on, in rank order.
+    pub fn adapters(&self) -> &[wgpu::AdapterInfo] {
+        &self.adapters
+    }
+
+    /// Runs `f` on every rank at once, one thread per rank, and returns the
+    /// results in rank order.
+    ///
+    /// If a rank panics, the other ranks' pending and later collectives
+    /// fail with [`Error::PeerFailed`] instead of hanging, and `run` returns
+    /// [`Error::RankPanicked`] for the lowest such rank. The world can run
+    /// again afterwards.
+    pub fn run<T, F>(&self, f: F) -> Result<Vec<T>>
+    where
+        T: Send,
+        F: Fn(&Communicator) -> T + Sync,
+    {
+        for c in &self.comms {
+            c.reset()?;
+        }
+        self.health.reset();
+        let f = &f;
+        let outcomes: Vec<std::thread::Result<T>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .comms
+                .iter()
+                .map(|c| {
+                    std::thread::Builder::new()
+                        .name(format!("rank-{}", c.rank()))
+                        .spawn_scoped(s, move || {
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)));
+                            if let Err(p) = &r {
+                                c.fail_group(Error::RankPanicked {
+                                    rank: c.rank(),
+                                    message: panic_message(p),
+                                });
+                            }
+                            r
+                        })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().and_then(|r| r),
+                    Err(e) => Err(Box::new(format!("could not spawn the rank's thread: {e}")) as _),
+                })
+                .collect()
+        });
+        let mut results = Vec::with_capacity(outcomes.len());
+        for (rank, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Ok(v) => results.push(v),
+                Err(p) => {
+                    return Err(Error::RankPanicked {
+                        rank,
+                        message: panic_message(&p),
+                    });
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Rank `r`'s communicator over the whole world, for use outside `run`.
+    pub fn communicator(&self, rank: usize) -> Option<&Communicator> {
+        self.comms.get(rank)
+    }
+}
+
+fn find_adapters(config: &WorldConfig) -> Result<Vec<wgpu::Adapter>> {
+    let backends = config.backends();
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
+    desc.backends = backends;
+    let instance = wgpu::Instance::new(desc);
+    let mut all = pollster::block_on(instance.enumerate_adapters(backends));
+    let name = config.adapter_name();
+    if let Some(name) = &name {
+        let needle = name.to_lowercase();
+        all.retain(|a| a.get_info().name.to_lowercase().contains(&needle));
+    }
+    let is_cpu = |a: &wgpu::Adapter| a.get_info().device_type == wgpu::DeviceType::Cpu;
+    if all.iter().any(|a| !is_cpu(a)) {
+        all.retain(|a| !is_cpu(a));
+    }
+    if all.is_empty() {
+        return Err(Error::NoAdapter {
+            backends: format!("{backends:?}"),
+            name: name
+                .map(|n| format!(", name containing {n:?}"))
+                .unwrap_or_default(),
+        });
+    }
+    Ok(all)
+}
