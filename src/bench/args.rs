@@ -1,0 +1,146 @@
+//! Command-line options, with nccl-tests' letters where it has them.
+
+use clap::{Parser, ValueEnum};
+use wgpu_collectives::{DType, ReduceOp};
+
+/// Which collective to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Collective {
+    /// all_reduce (ring: reduce-scatter then all-gather).
+    AllReduce,
+}
+
+impl Collective {
+    /// busbw = algbw x this factor (nccl-tests' PERFORMANCE.md).
+    pub fn bus_factor(self, n: usize) -> f64 {
+        match self {
+            Collective::AllReduce => 2.0 * (n as f64 - 1.0) / n as f64,
+        }
+    }
+
+    /// Name in the table's title.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+        }
+    }
+}
+
+/// nccl-tests for wgpu: measures a collective over simulated ranks on any
+/// Vulkan, Metal or DX12 adapter and prints the nccl-tests table.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// The collective to measure.
+    #[arg(value_enum, default_value = "all-reduce")]
+    pub collective: Collective,
+
+    /// Smallest message size in bytes (K, M, G suffixes: powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "1K", value_parser = parse_bytes)]
+    pub min_bytes: u64,
+
+    /// Largest message size in bytes (K, M, G suffixes).
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_bytes)]
+    pub max_bytes: u64,
+
+    /// Multiply the size by this factor between rows.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4, conflicts_with = "step_bytes")]
+    pub factor: u64,
+
+    /// Add this many bytes between rows instead of multiplying.
+    #[arg(short = 'i', long = "stepbytes", value_parser = parse_bytes)]
+    pub step_bytes: Option<u64>,
+
+    /// Timed iterations per size (the time printed is their mean).
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+
+    /// Untimed warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+
+    /// Check the result this many times per size (0: no check; #wrong prints N/A).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: usize,
+
+    /// Reduction: sum, prod, min, max, avg, band, bor, bxor, or all.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: String,
+
+    /// Element type: f32 (float), f16 (half), bf16, i32, u32, or all.
+    #[arg(short = 'd', long = "datatype", default_value = "f32")]
+    pub dtype: String,
+
+    /// Number of simulated ranks.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+
+    /// wgpu backend (vulkan, metal, dx12, gl); default: WGPU_BACKEND, else all primary ones.
+    #[arg(long)]
+    pub backend: Option<String>,
+
+    /// Use only adapters whose name contains this; default: WGPU_ADAPTER_NAME.
+    #[arg(long)]
+    pub adapter: Option<String>,
+
+    /// Seconds any collective may wait for its peers.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+/// "64M" -> 67108864.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| format!("not a byte count: {s:?} (examples: 1024, 4K, 64M, 1G)"))
+}
+
+/// The reductions named by `-o`.
+pub fn ops(s: &str) -> Result<Vec<ReduceOp>, String> {
+    if s == "all" {
+        return Ok(ReduceOp::ALL.to_vec());
+    }
+    ReduceOp::ALL
+        .into_iter()
+        .find(|op| op.name() == s)
+        .map(|op| vec![op])
+        .ok_or_else(|| format!("unknown op {s:?}: sum, prod, min, max, avg, band, bor, bxor or all"))
+}
+
+/// The dtypes named by `-d`.
+pub fn dtypes(s: &str) -> Result<Vec<DType>, String> {
+    Ok(match s {
+        "all" => DType::ALL.to_vec(),
+        "f32" | "float" | "float32" => vec![DType::F32],
+        "f16" | "half" | "float16" => vec![DType::F16],
+        "bf16" | "bfloat16" => vec![DType::BF16],
+        "i32" | "int32" | "int" => vec![DType::I32],
+        "u32" | "uint32" => vec![DType::U32],
+        _ => return Err(format!("unknown datatype {s:?}: f32, f16, bf16, i32, u32 or all")),
+    })
+}
+
+/// The message sizes of the sweep.
+pub fn sizes(a: &Args) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut s = a.min_bytes;
+    while s <= a.max_bytes {
+        v.push(s);
+        s = match a.step_bytes {
+            Some(step) if step > 0 => s + step,
+            Some(_) => break,
+            None if a.factor > 1 => s.saturating_mul(a.factor),
+            None => break,
+        };
+    }
+    v
+}
