@@ -1,5 +1,6 @@
-// f32: one element per word.
-alias V = f32;
-fn lift(w: u32) -> V { return bitcast<f32>(w); }
-fn lower(v: V) -> u32 { return bitcast<u32>(v); }
+// f32: four elements per unit.
+alias U = vec4<u32>;
+alias V = vec4<f32>;
+fn lift(w: U) -> V { return bitcast<V>(w); }
+fn lower(v: V) -> U { return bitcast<U>(v); }
 fn divide(v: V, n: u32) -> V { return v / f32(n); }

@@ -1,5 +1,6 @@
-// i32: one element per word; arithmetic wraps, division truncates.
-alias V = i32;
-fn lift(w: u32) -> V { return bitcast<i32>(w); }
-fn lower(v: V) -> u32 { return bitcast<u32>(v); }
-fn divide(v: V, n: u32) -> V { return v / i32(n); }
+// i32: four elements per unit; arithmetic wraps, division truncates.
+alias U = vec4<u32>;
+alias V = vec4<i32>;
+fn lift(w: U) -> V { return bitcast<V>(w); }
+fn lower(v: V) -> U { return bitcast<U>(v); }
+fn divide(v: V, n: u32) -> V { return v / V(i32(n)); }

@@ -1,5 +1,6 @@
-// u32: one element per word; arithmetic wraps.
-alias V = u32;
-fn lift(w: u32) -> V { return w; }
-fn lower(v: V) -> u32 { return v; }
-fn divide(v: V, n: u32) -> V { return v / n; }
+// u32: four elements per unit; arithmetic wraps.
+alias U = vec4<u32>;
+alias V = vec4<u32>;
+fn lift(w: U) -> V { return w; }
+fn lower(v: V) -> U { return v; }
+fn divide(v: V, n: u32) -> V { return v / V(n); }

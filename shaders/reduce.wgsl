@@ -1,20 +1,23 @@
 // Element-wise reduction of one slice: dst[i] = finish(op(dst[i], src[i])).
 //
-// Works on 32-bit words so that every dtype runs on every adapter: a dtype
-// prelude (shaders/dtype_*.wgsl, prepended by kernels.rs) defines the value
-// type V, lift (word -> V), lower (V -> word) and divide (V / n). 16-bit
-// types hold two elements per word and V is vec2<f32>.
+// A dtype prelude (shaders/dtype_*.wgsl, prepended by kernels.rs) defines
+// the storage unit U (the words one invocation handles: vec4<u32>, or
+// vec2<u32> for the 16-bit types, whose four halves widen to vec4<f32>),
+// the value type V, lift (U -> V), lower (V -> U) and divide (V / n).
+// Every dtype is thus carried in plain u32 words and runs on every adapter.
+// Handling a vector per invocation matters: on CPU adapters the cost is
+// per invocation, and a scalar kernel runs several times slower.
 //
-// Both buffers are bound as windows of exactly the slice, so the slice length
-// is arrayLength(&dst) and no parameter buffer is needed.
+// Both buffers are bound as windows of exactly the slice, so the slice
+// length is arrayLength(&dst) and no parameter buffer is needed.
 
 // 0 sum, 1 prod, 2 min, 3 max, 4 bitand, 5 bitor, 6 bitxor.
 override OP: u32;
 // When non-zero, the result is divided by it (the last step of Avg).
 override DIVISOR: u32 = 0u;
 
-@group(0) @binding(0) var<storage, read_write> dst: array<u32>;
-@group(0) @binding(1) var<storage, read> src: array<u32>;
+@group(0) @binding(0) var<storage, read_write> dst: array<U>;
+@group(0) @binding(1) var<storage, read> src: array<U>;
 
 fn combine(a: V, b: V) -> V {
     if OP == 0u {
@@ -27,8 +30,8 @@ fn combine(a: V, b: V) -> V {
     return max(a, b);
 }
 
-fn reduce_word(a: u32, b: u32) -> u32 {
-    // Bitwise operators act on the raw word: identical for i32 and u32.
+fn reduce_unit(a: U, b: U) -> U {
+    // Bitwise operators act on the raw words: identical for i32 and u32.
     if OP == 4u {
         return a & b;
     } else if OP == 5u {
@@ -38,18 +41,17 @@ fn reduce_word(a: u32, b: u32) -> u32 {
     }
     let v = lower(combine(lift(a), lift(b)));
     if DIVISOR != 0u {
-        // Round to the storage type first, then divide: the same value a
-        // sum followed by a separate division would give.
+        // Round to the storage type first, then divide: the value a sum
+        // followed by a separate division gives.
         return lower(divide(lift(v), DIVISOR));
     }
     return v;
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let n = arrayLength(&dst);
-    let stride = groups.x * 256u;
-    for (var i = gid.x; i < n; i += stride) {
-        dst[i] = reduce_word(dst[i], src[i]);
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i < arrayLength(&dst) {
+        dst[i] = reduce_unit(dst[i], src[i]);
     }
 }

@@ -11,12 +11,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::device::{RankDevice, lock};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::tensor::DType;
 
 const REDUCE: &str = include_str!("../shaders/reduce.wgsl");
-const WORKGROUP: u32 = 256;
+/// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
+const WORKGROUP: u64 = 256;
 
 fn prelude(dtype: DType) -> &'static str {
     match dtype {
@@ -33,6 +34,7 @@ fn prelude(dtype: DType) -> &'static str {
 pub(crate) struct Reducer {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    unit_bytes: u64,
 }
 
 #[derive(Default)]
@@ -72,7 +74,11 @@ impl Kernels {
                 cache: None,
             })
         })?;
-        let r = Reducer { pipeline, layout };
+        let r = Reducer {
+            pipeline,
+            layout,
+            unit_bytes: dtype.unit_bytes(),
+        };
         lock(&self.reducers).insert(key, r.clone());
         Ok(r)
     }
@@ -126,9 +132,9 @@ impl Kernels {
 
 impl Reducer {
     /// Records `dst[dst_off..][..bytes] = op(dst, src[src_off..][..bytes])`.
-    /// Offsets must be multiples of the adapter's storage offset alignment
-    /// and `bytes` at most its largest storage binding; the schedules
-    /// guarantee both.
+    /// Offsets must be multiples of the adapter's storage offset alignment,
+    /// `bytes` a multiple of 16 and at most one slice; the schedules
+    /// guarantee all three.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode(
         &self,
@@ -165,11 +171,15 @@ impl Reducer {
                 ],
             })
         })?;
-        let words = bytes / 4;
-        let groups = words.div_ceil(u64::from(WORKGROUP)).clamp(
-            1,
-            u64::from(dev.limits.max_compute_workgroups_per_dimension),
-        ) as u32;
+        let groups = (bytes / self.unit_bytes).div_ceil(WORKGROUP).max(1);
+        if groups > u64::from(dev.limits.max_compute_workgroups_per_dimension) {
+            return Err(Error::device(
+                dev.rank,
+                None,
+                format!("a {bytes}-byte reduction needs {groups} workgroups, more than the adapter allows"),
+            ));
+        }
+        let groups = groups as u32;
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind, &[]);

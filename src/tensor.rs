@@ -4,10 +4,10 @@
 //! keep its input and output alive after the caller has dropped theirs: the
 //! progress thread holds a clone until the device has finished with it.
 //!
-//! Buffers are sized in whole 32-bit words, because every kernel works on
-//! `u32` words: 16-bit dtypes are packed two to a word, and an odd length
-//! leaves one padding half that is reduced along with the rest but never
-//! read back. This is what lets every adapter run every dtype without
+//! Buffers are sized in whole 16-byte units of 32-bit words, because every
+//! kernel works on vectors of `u32` words: 16-bit dtypes are packed two to a
+//! word, and the padding after the last element is reduced along with the
+//! rest but never read back. This is what lets every adapter run every dtype without
 //! `shader-f16`.
 
 use std::sync::Arc;
@@ -58,9 +58,18 @@ impl DType {
         }
     }
 
-    /// Number of 32-bit words that hold `len` elements.
+    /// Number of 32-bit words the kernels see for `len` elements: padded
+    /// to whole 16-byte units, which is what one kernel invocation handles.
     pub(crate) fn words(self, len: usize) -> usize {
-        (len * self.size()).div_ceil(4)
+        (len * self.size()).div_ceil(16) * 4
+    }
+
+    /// Bytes one kernel invocation handles (see `shaders/reduce.wgsl`).
+    pub(crate) fn unit_bytes(self) -> u64 {
+        match self.size() {
+            2 => 8,
+            _ => 16,
+        }
     }
 }
 
@@ -166,9 +175,9 @@ impl Tensor {
         }
     }
 
-    /// Whole words, at least one (wgpu rejects some uses of empty buffers).
+    /// Whole 16-byte units, at least one (wgpu rejects some uses of empty buffers).
     fn buffer_size(dtype: DType, len: usize) -> u64 {
-        (dtype.words(len).max(1) * 4) as u64
+        (dtype.words(len).max(4) * 4) as u64
     }
 
     /// Number of elements.
@@ -191,7 +200,7 @@ impl Tensor {
         self.inner.device.rank
     }
 
-    /// Number of 32-bit words the kernels see.
+    /// Number of 32-bit words the kernels see (a multiple of 4).
     pub(crate) fn words(&self) -> usize {
         self.inner.dtype.words(self.inner.len)
     }

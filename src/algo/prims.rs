@@ -64,10 +64,11 @@ impl<'a> Prims<'a> {
 
     /// Words per step when `remaining` words are left to split into `parts`:
     /// an even share, rounded up to the storage-offset alignment (so every
-    /// slice can be bound where it lies), and at most one slice.
+    /// slice can be bound where it lies, in whole 16-byte kernel units), and
+    /// at most one slice.
     pub(crate) fn step_words(&self, remaining: usize, parts: usize) -> usize {
         let limits = &self.w.dev.limits;
-        let align = (limits.min_storage_buffer_offset_alignment.max(4) / 4) as usize;
+        let align = (limits.min_storage_buffer_offset_alignment.max(16) / 4) as usize;
         let max_bytes = SLICE_BYTES.min(u64::from(limits.max_storage_buffer_binding_size));
         let max = ((max_bytes / 4) as usize / align).max(1) * align;
         remaining
