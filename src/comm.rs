@@ -158,7 +158,7 @@ impl Communicator {
     /// Returns at once; `x` must not be written until the `Work` completes.
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
-        let out = Tensor::zeros(&self.inner.dev, x.dtype(), x.len())?;
+        let out = Tensor::output(&self.inner.dev, x.dtype(), x.len())?;
         self.issue(Kind::AllReduce, x.clone(), out, Some(op))
     }
 

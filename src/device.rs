@@ -27,6 +27,10 @@ pub(crate) struct RankDevice {
     pub timeout: Duration,
     /// Compiled kernels, made once per device.
     pub kernels: Kernels,
+    /// Whether storage buffers may also be mappable (CPU and integrated adapters).
+    pub unified: bool,
+    /// Freed tensor buffers, reused for outputs.
+    pool: Mutex<BufferPool>,
     /// First error reported outside an error scope, and whether it is
     /// permanent (device lost) or reported once (a validation error at submit).
     fault: Arc<Mutex<Option<(String, bool)>>>,
@@ -43,9 +47,23 @@ impl RankDevice {
     ) -> Result<Arc<RankDevice>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        // Where device memory is host memory, kernels can read the buffers
+        // that received bytes are written into, saving a copy per hop. On
+        // discrete GPUs such buffers would live in slow host memory.
+        let unified = matches!(
+            info.device_type,
+            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+        ) && adapter
+            .features()
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let required_features = if unified {
+            wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some(&format!("rank {rank}")),
-            required_features: wgpu::Features::empty(),
+            required_features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -76,6 +94,8 @@ impl RankDevice {
             limits,
             timeout,
             kernels: Kernels::default(),
+            unified,
+            pool: Mutex::new(BufferPool::default()),
             fault,
             created: AtomicU64::new(0),
         }))
@@ -145,6 +165,27 @@ impl RankDevice {
                 mapped_at_creation,
             })
         })
+    }
+
+    /// A buffer of `size` bytes with `usage`, from the pool when one is
+    /// free. Its contents are whatever the last user left: only for outputs
+    /// that are overwritten whole before they are read.
+    pub(crate) fn reuse_buffer(
+        &self,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        if let Some(b) = lock(&self.pool).take(size, usage) {
+            return Ok(b);
+        }
+        self.create_buffer("tensor", size, usage, false)
+    }
+
+    /// Gives a tensor's buffer back for reuse. Safe while the device may
+    /// still be using it: every later use is submitted to the same queue,
+    /// so runs after what came before.
+    pub(crate) fn recycle_buffer(&self, buffer: wgpu::Buffer) {
+        lock(&self.pool).put(buffer);
     }
 
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
@@ -268,4 +309,39 @@ fn record(sink: &Mutex<Option<(String, bool)>>, msg: String, permanent: bool) {
 /// consistent even if a holder panicked.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Most bytes of freed buffers a device keeps for reuse.
+const POOL_BYTES: u64 = 2048 << 20;
+
+/// A caching allocator, as PyTorch's: freed buffers kept by (size, usage),
+/// so that collectives in steady state create no wgpu resources.
+#[derive(Default)]
+struct BufferPool {
+    free: Vec<wgpu::Buffer>,
+    bytes: u64,
+}
+
+impl BufferPool {
+    fn take(&mut self, size: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
+        let i = self
+            .free
+            .iter()
+            .rposition(|b| b.size() == size && b.usage() == usage)?;
+        self.bytes -= size;
+        Some(self.free.swap_remove(i))
+    }
+
+    fn put(&mut self, buffer: wgpu::Buffer) {
+        let size = buffer.size();
+        // Oldest first out, until the new one fits.
+        while self.bytes + size > POOL_BYTES && !self.free.is_empty() {
+            let old = self.free.remove(0);
+            self.bytes -= old.size();
+        }
+        if size <= POOL_BYTES {
+            self.bytes += size;
+            self.free.push(buffer);
+        }
+    }
 }

@@ -176,7 +176,9 @@ impl Reducer {
             return Err(Error::device(
                 dev.rank,
                 None,
-                format!("a {bytes}-byte reduction needs {groups} workgroups, more than the adapter allows"),
+                format!(
+                    "a {bytes}-byte reduction needs {groups} workgroups, more than the adapter allows"
+                ),
             ));
         }
         let groups = groups as u32;

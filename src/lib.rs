@@ -44,6 +44,11 @@ mod transport;
 mod work;
 mod world;
 
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use comm::Communicator;
 pub use error::{Error, Result};
 pub use op::ReduceOp;

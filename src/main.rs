@@ -52,8 +52,15 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             }
         }
     }
-    let avg = if busbw.is_empty() { 0.0 } else { busbw.iter().sum::<f64>() / busbw.len() as f64 };
-    println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
+    let avg = if busbw.is_empty() {
+        0.0
+    } else {
+        busbw.iter().sum::<f64>() / busbw.len() as f64
+    };
+    println!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
     println!("# Avg bus bandwidth    : {avg:.3} ");
     println!("#");
     Ok(wrong == 0)

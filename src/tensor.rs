@@ -121,6 +121,12 @@ struct TensorInner {
     device: Arc<RankDevice>,
 }
 
+impl Drop for TensorInner {
+    fn drop(&mut self) {
+        self.device.recycle_buffer(self.buffer.clone());
+    }
+}
+
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
@@ -161,6 +167,13 @@ impl Tensor {
     pub(crate) fn zeros(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
         let buffer =
             device.create_buffer("tensor", Self::buffer_size(dtype, len), Self::USAGE, false)?;
+        Ok(Self::wrap(device, buffer, dtype, len))
+    }
+
+    /// A tensor for a collective's output: its buffer may come from the
+    /// device's pool with stale contents, so the collective must write all of it.
+    pub(crate) fn output(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
+        let buffer = device.reuse_buffer(Self::buffer_size(dtype, len), Self::USAGE)?;
         Ok(Self::wrap(device, buffer, dtype, len))
     }
 

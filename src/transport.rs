@@ -234,22 +234,24 @@ impl Stager {
             U::MAP_READ | U::COPY_DST,
             false,
         )?);
+        // On unified memory the kernels read upload buffers directly.
+        let upload = if dev.unified {
+            U::MAP_WRITE | U::COPY_SRC | U::STORAGE
+        } else {
+            U::MAP_WRITE | U::COPY_SRC
+        };
         self.uploads = (0..UPLOAD_SLOTS)
-            .map(|_| Staging::new(dev, "upload", bytes, U::MAP_WRITE | U::COPY_SRC, true))
+            .map(|_| Staging::new(dev, "upload", bytes, upload, true))
             .collect::<Result<_>>()?;
-        self.scratch =
-            Some(dev.create_buffer("scratch", bytes, U::STORAGE | U::COPY_DST, false)?);
+        self.scratch = if dev.unified {
+            None
+        } else {
+            Some(dev.create_buffer("scratch", bytes, U::STORAGE | U::COPY_DST, false)?)
+        };
         self.capacity = bytes;
         self.next_upload = 0;
         self.used.clear();
         Ok(())
-    }
-
-    /// The buffer a received slice is uploaded to before it is reduced.
-    pub(crate) fn scratch(&self, w: &Waiter) -> Result<&wgpu::Buffer> {
-        self.scratch
-            .as_ref()
-            .ok_or_else(|| w.device_error("staging used before reserve".into()))
     }
 
     /// Records a copy of `src[off..off + bytes]` into the read-back buffer,
@@ -305,6 +307,40 @@ impl Stager {
         dst_off: u64,
         w: &Waiter,
     ) -> Result<()> {
+        let src = self.fill_upload(enc, data, w)?;
+        enc.copy_buffer_to_buffer(&src, 0, dst, dst_off, data.len() as u64);
+        Ok(())
+    }
+
+    /// Writes `data` where a kernel recorded next in `enc` can read it from
+    /// offset 0: the upload buffer itself on unified memory, else the
+    /// scratch buffer it is copied to.
+    pub(crate) fn encode_upload_for_kernel(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        data: &[u8],
+        w: &Waiter,
+    ) -> Result<wgpu::Buffer> {
+        let src = self.fill_upload(enc, data, w)?;
+        if self.dev.unified {
+            return Ok(src);
+        }
+        let scratch = self
+            .scratch
+            .clone()
+            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+        enc.copy_buffer_to_buffer(&src, 0, &scratch, 0, data.len() as u64);
+        Ok(scratch)
+    }
+
+    /// Copies `data` into the next upload buffer, which is mapped again once
+    /// the submission being encoded in `enc` completes.
+    fn fill_upload(
+        &mut self,
+        enc: &wgpu::CommandEncoder,
+        data: &[u8],
+        w: &Waiter,
+    ) -> Result<wgpu::Buffer> {
         let i = self.next_upload;
         let slot = self
             .uploads
@@ -319,11 +355,10 @@ impl Stager {
             view.copy_from_slice(data);
         }
         slot.buf.unmap();
-        enc.copy_buffer_to_buffer(&slot.buf, 0, dst, dst_off, data.len() as u64);
         slot.arm(enc, wgpu::MapMode::Write);
         self.used.push(i);
         self.next_upload = (i + 1) % self.uploads.len();
-        Ok(())
+        Ok(slot.buf.clone())
     }
 
     /// Tells the stager which submission carried the uploads encoded since

@@ -69,7 +69,7 @@ impl<'a> Prims<'a> {
     pub(crate) fn step_words(&self, remaining: usize, parts: usize) -> usize {
         let limits = &self.w.dev.limits;
         let align = (limits.min_storage_buffer_offset_alignment.max(16) / 4) as usize;
-        let max_bytes = SLICE_BYTES.min(u64::from(limits.max_storage_buffer_binding_size));
+        let max_bytes = SLICE_BYTES.min(limits.max_storage_buffer_binding_size);
         let max = ((max_bytes / 4) as usize / align).max(1) * align;
         remaining
             .div_ceil(parts.max(1))
@@ -131,15 +131,13 @@ impl<'a> Prims<'a> {
                 .stage
                 .encode_upload(enc, data, self.buf, span.offset(), &self.w),
             Some(r) => {
-                let r = r.clone();
-                let scratch = self.stage.scratch(&self.w)?.clone();
-                self.stage.encode_upload(enc, data, &scratch, 0, &self.w)?;
+                let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
                 r.encode(
                     self.w.dev,
                     enc,
                     self.buf,
                     span.offset(),
-                    &scratch,
+                    &src,
                     0,
                     span.bytes() as u64,
                 )

@@ -44,7 +44,12 @@ pub struct Args {
     pub max_bytes: u64,
 
     /// Multiply the size by this factor between rows.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 4, conflicts_with = "step_bytes")]
+    #[arg(
+        short = 'f',
+        long = "stepfactor",
+        default_value_t = 4,
+        conflicts_with = "step_bytes"
+    )]
     pub factor: u64,
 
     /// Add this many bytes between rows instead of multiplying.
@@ -113,7 +118,9 @@ pub fn ops(s: &str) -> Result<Vec<ReduceOp>, String> {
         .into_iter()
         .find(|op| op.name() == s)
         .map(|op| vec![op])
-        .ok_or_else(|| format!("unknown op {s:?}: sum, prod, min, max, avg, band, bor, bxor or all"))
+        .ok_or_else(|| {
+            format!("unknown op {s:?}: sum, prod, min, max, avg, band, bor, bxor or all")
+        })
 }
 
 /// The dtypes named by `-d`.
@@ -125,7 +132,11 @@ pub fn dtypes(s: &str) -> Result<Vec<DType>, String> {
         "bf16" | "bfloat16" => vec![DType::BF16],
         "i32" | "int32" | "int" => vec![DType::I32],
         "u32" | "uint32" => vec![DType::U32],
-        _ => return Err(format!("unknown datatype {s:?}: f32, f16, bf16, i32, u32 or all")),
+        _ => {
+            return Err(format!(
+                "unknown datatype {s:?}: f32, f16, bf16, i32, u32 or all"
+            ));
+        }
     })
 }
 

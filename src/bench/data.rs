@@ -65,9 +65,18 @@ fn input(op: ReduceOp, rank: usize, i: usize) -> i64 {
                 -1
             }
         }
-        ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => (i * 2_654_435_761 + r * 40_503) & 0x7fff_ffff,
+        ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => {
+            (i * 2_654_435_761 + r * 40_503) & 0x7fff_ffff
+        }
         // Non-negative, so that u32 orders them as i64 does.
-        _ => (i + r) % 5 + if op == ReduceOp::Max || op == ReduceOp::Min { r } else { 0 },
+        _ => {
+            (i + r) % 5
+                + if op == ReduceOp::Max || op == ReduceOp::Min {
+                    r
+                } else {
+                    0
+                }
+        }
     }
 }
 
@@ -92,7 +101,9 @@ fn expected(op: ReduceOp, n: usize, i: usize) -> (i64, Option<f64>) {
 }
 
 fn make<T: Value>(c: &Communicator, op: ReduceOp, len: usize) -> Result<Tensor, Error> {
-    let v: Vec<T> = (0..len).map(|i| T::from_i64(input(op, c.rank(), i))).collect();
+    let v: Vec<T> = (0..len)
+        .map(|i| T::from_i64(input(op, c.rank(), i)))
+        .collect();
     c.tensor(&v)
 }
 

@@ -36,7 +36,13 @@ pub struct Row {
     pub in_place: Timing,
 }
 
-fn issue(c: &Communicator, coll: Collective, x: &Tensor, op: ReduceOp, in_place: bool) -> Result<Work, Error> {
+fn issue(
+    c: &Communicator,
+    coll: Collective,
+    x: &Tensor,
+    op: ReduceOp,
+    in_place: bool,
+) -> Result<Work, Error> {
     match (coll, in_place) {
         (Collective::AllReduce, false) => c.all_reduce(x, op),
         (Collective::AllReduce, true) => c.all_reduce_in_place(x, op),
@@ -49,7 +55,14 @@ fn sync(c: &Communicator) -> Result<(), Error> {
 }
 
 /// Measures one placement of one size on this rank: (mean seconds, wrong elements).
-fn measure(c: &Communicator, a: &Args, dtype: DType, op: ReduceOp, count: usize, in_place: bool) -> Result<(f64, Option<u64>), Error> {
+fn measure(
+    c: &Communicator,
+    a: &Args,
+    dtype: DType,
+    op: ReduceOp,
+    count: usize,
+    in_place: bool,
+) -> Result<(f64, Option<u64>), Error> {
     let x = data::tensor(c, dtype, op, count)?;
     for _ in 0..a.warmup {
         issue(c, a.collective, &x, op, in_place)?.wait()?;
@@ -77,7 +90,11 @@ fn measure(c: &Communicator, a: &Args, dtype: DType, op: ReduceOp, count: usize,
 fn timing(bytes: u64, per_rank: Vec<(f64, Option<u64>)>, factor: f64) -> Timing {
     let secs = per_rank.iter().map(|r| r.0).fold(0.0, f64::max);
     let wrong = per_rank.iter().try_fold(0, |acc, r| r.1.map(|w| acc + w));
-    let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
+    let algbw = if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    };
     Timing {
         us: secs * 1e6,
         algbw,
@@ -117,7 +134,8 @@ pub fn header(world: &World, a: &Args) -> String {
         world.size(),
         a.min_bytes,
         a.max_bytes,
-        a.step_bytes.map_or(format!("{}(factor)", a.factor), |b| format!("{b}(bytes)")),
+        a.step_bytes
+            .map_or(format!("{}(factor)", a.factor), |b| format!("{b}(bytes)")),
         a.warmup,
         a.iters,
         a.check,
@@ -132,18 +150,45 @@ pub fn header(world: &World, a: &Args) -> String {
     s += &format!("#{:>58}{:>34}\n", "out-of-place", "in-place");
     s += &format!(
         "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}\n",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
     );
     s += &format!(
         "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
     );
     s
 }
 
 fn half(t: &Timing) -> String {
     let wrong = t.wrong.map_or("N/A".to_string(), |w| w.to_string());
-    format!("{:>10.1} {:>7.3} {:>7.3} {:>6}", t.us, t.algbw, t.busbw, wrong)
+    format!(
+        "{:>10.1} {:>7.3} {:>7.3} {:>6}",
+        t.us, t.algbw, t.busbw, wrong
+    )
 }
 
 /// One table line, as nccl-tests prints it.
