@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
@@ -20,10 +20,11 @@ use crate::algo::{prims::Prims, ring};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
+use crate::flight::State;
 use crate::health::{Health, Waiter};
 use crate::op::ReduceOp;
 use crate::tensor::{DType, Element, Tensor};
-use crate::transport::{Endpoint, Stager};
+use crate::transport::{Endpoint, Packet, Stager};
 use crate::work::{Work, WorkState};
 
 /// One queued collective.
@@ -230,14 +231,31 @@ impl Communicator {
             ));
         }
         issuer.seq += 1;
+        inner.health.flight.record(inner.rank, fp, State::Enqueued);
         Ok(Work::new(
             state,
             vec![output],
             inner.dev.clone(),
+            inner.health.clone(),
             fp,
             inner.rank,
             inner.timeout,
         ))
+    }
+
+    /// Aborts the communicator, as `ncclCommAbort`: every pending and
+    /// later collective fails with [`Error::Aborted`] on every rank of the
+    /// group (until the next `World::run`).
+    pub fn abort(&self) {
+        let inner = &self.inner;
+        let seq = lock(&inner.issuer).seq;
+        inner.health.fail(
+            inner.rank,
+            Error::Aborted {
+                rank: inner.rank,
+                seq,
+            },
+        );
     }
 
     /// Marks this rank as failed for the whole group (its closure panicked).
@@ -245,20 +263,32 @@ impl Communicator {
         self.inner.health.fail(self.inner.rank, error);
     }
 
+    /// Called when this rank's closure has returned: once its queued
+    /// collectives have finished, peers waiting for anything more from it
+    /// fail at once instead of at their timeout.
+    pub(crate) fn depart(&self) {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.timeout * 2;
+        while inner.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        inner.health.set_gone(inner.rank);
+    }
+
     /// Prepares for a new `World::run`: waits for the previous run's
     /// collectives to resolve, drops their stray packets, and starts the
     /// sequence again at 0 with a clean failure record.
     pub(crate) fn reset(&self) -> Result<()> {
         let inner = &self.inner;
-        let deadline = std::time::Instant::now() + inner.timeout * 2;
+        let deadline = Instant::now() + inner.timeout * 2;
         while inner.inflight.load(Ordering::Acquire) > 0 {
-            if std::time::Instant::now() > deadline {
+            if Instant::now() > deadline {
                 return Err(Error::Timeout {
                     rank: inner.rank,
                     seq: lock(&inner.issuer).seq,
                     what: "the previous run's collectives to finish".into(),
                     after: inner.timeout * 2,
-                    flight: String::new(),
+                    flight: inner.health.flight.report(),
                 });
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -315,6 +345,9 @@ impl Progress {
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             op.state.start();
+            self.health
+                .flight
+                .record(self.rank, op.fp, State::InProgress);
             let result = match self.health.check(self.rank, op.fp.seq) {
                 Err(e) => Err(e),
                 Ok(()) => {
@@ -330,6 +363,9 @@ impl Progress {
             };
             match result {
                 Ok(idx) => {
+                    self.health
+                        .flight
+                        .record(self.rank, op.fp, State::Completed);
                     self.gpu_pending.fetch_add(1, Ordering::AcqRel);
                     let (state, pending) = (op.state.clone(), self.gpu_pending.clone());
                     op.state.issued(idx);
@@ -340,7 +376,12 @@ impl Progress {
                 }
                 Err(e) => {
                     // The ring is broken for everyone: make peers fail now, not at their timeout.
-                    self.health.fail(self.rank, e.clone());
+                    let origin = match &e {
+                        Error::PeerFailed { peer, .. } => *peer,
+                        _ => self.rank,
+                    };
+                    self.health.fail(origin, e.clone());
+                    self.health.flight.record(self.rank, op.fp, State::Failed);
                     self.stage.clear();
                     op.state.fail(e);
                 }
@@ -354,10 +395,23 @@ impl Progress {
     fn execute(&mut self, op: &Op) -> Result<wgpu::SubmissionIndex> {
         let seq = Some(op.fp.seq);
         let dev = self.dev.clone();
-        let mut enc = dev.encoder();
         let out = op.output.buffer();
-        if !Arc::ptr_eq(&op.input.device().clone(), &dev) || op.input.buffer() != out {
-            enc.copy_buffer_to_buffer(op.input.buffer(), 0, out, 0, out.size());
+        let waiter = Waiter {
+            dev: &dev,
+            health: &self.health,
+            rank: self.rank,
+            fp: op.fp,
+            timeout: self.timeout,
+        };
+        // Agree on what runs before moving any data: a rank that issued
+        // something else (or nothing) is caught here, on every rank, even
+        // when one side would have sent no bytes at all.
+        if self.size > 1 {
+            handshake(&self.endpoint, &waiter, self.size)?;
+        }
+        let mut enc = dev.encoder();
+        if op.input.buffer() != out && op.input.used_bytes() > 0 {
+            enc.copy_buffer_to_buffer(op.input.buffer(), 0, out, 0, op.input.used_bytes());
         }
         let first = dev.submit(enc, seq)?;
         let (reduce, finish) = match (op.fp.op, self.size > 1 && op.fp.len > 0) {
@@ -375,13 +429,7 @@ impl Progress {
             _ => (None, None),
         };
         let mut p = Prims {
-            w: Waiter {
-                dev: &dev,
-                health: &self.health,
-                rank: self.rank,
-                fp: op.fp,
-                timeout: self.timeout,
-            },
+            w: waiter,
             link: &self.endpoint,
             stage: &mut self.stage,
             buf: out,
@@ -395,6 +443,23 @@ impl Progress {
         }
         Ok(p.last.unwrap_or(first))
     }
+}
+
+/// Sends this rank's fingerprint to the next rank of the ring and checks
+/// the previous rank's against it.
+fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
+    let data = link.buffer();
+    link.post(
+        (w.rank + 1) % n,
+        Packet {
+            fp: w.fp,
+            from: w.rank,
+            data,
+        },
+    )?;
+    let p = link.take((w.rank + n - 1) % n, 0, w)?;
+    link.recycle(p.data);
+    Ok(())
 }
 
 pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {

@@ -132,7 +132,6 @@ impl RankDevice {
         let made = make(&self.device);
         let v = pollster::block_on(validation.pop());
         let o = pollster::block_on(oom.pop());
-        self.count_resource();
         match v.or(o) {
             Some(e) => Err(Error::device(self.rank, None, format!("{what}: {e}"))),
             None => Ok(made),
@@ -157,6 +156,7 @@ impl RankDevice {
                 ),
             ));
         }
+        self.count_resource();
         self.scoped(&format!("creating {label} buffer of {size} bytes"), |d| {
             d.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -186,6 +186,42 @@ impl RankDevice {
     /// so runs after what came before.
     pub(crate) fn recycle_buffer(&self, buffer: wgpu::Buffer) {
         lock(&self.pool).put(buffer);
+    }
+
+    /// Schedules `data` to be written at the start of `buffer` (padded to
+    /// whole words), ahead of the next submission on this queue.
+    pub(crate) fn write_buffer(&self, buffer: &wgpu::Buffer, data: &[u8]) -> Result<()> {
+        let padded = (data.len() as u64).div_ceil(4) * 4;
+        let Some(size) = wgpu::BufferSize::new(padded) else {
+            return Ok(());
+        };
+        let written = self.scoped("writing a tensor", |_| {
+            let Some(mut view) = self.queue.write_buffer_with(buffer, 0, size) else {
+                return false;
+            };
+            view.slice(..data.len()).copy_from_slice(data);
+            let tail = padded as usize - data.len();
+            if tail > 0 {
+                view.slice(data.len()..).copy_from_slice(&[0u8; 3][..tail]);
+            }
+            true
+        })?;
+        if written {
+            Ok(())
+        } else {
+            Err(Error::device(
+                self.rank,
+                None,
+                format!("could not stage {} bytes for a tensor", data.len()),
+            ))
+        }
+    }
+
+    /// Zero-fills `buffer` (a pooled buffer holds its last owner's bytes).
+    pub(crate) fn clear_buffer(&self, buffer: &wgpu::Buffer) -> Result<()> {
+        let mut enc = self.encoder();
+        enc.clear_buffer(buffer, 0, None);
+        self.submit(enc, None).map(|_| ())
     }
 
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
@@ -312,7 +348,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Most bytes of freed buffers a device keeps for reuse.
-const POOL_BYTES: u64 = 2048 << 20;
+const POOL_BYTES: u64 = 256 << 20;
+
+/// The buffer size for `bytes`: at least 256, then four classes per
+/// doubling, so a pooled buffer wastes at most a quarter of its size and
+/// tensors of similar sizes share buffers.
+pub(crate) fn size_class(bytes: u64) -> u64 {
+    if bytes <= 256 {
+        return 256;
+    }
+    let step = bytes.next_power_of_two() / 8;
+    bytes.div_ceil(step) * step
+}
 
 /// A caching allocator, as PyTorch's: freed buffers kept by (size, usage),
 /// so that collectives in steady state create no wgpu resources.

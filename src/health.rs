@@ -7,19 +7,25 @@
 //! then fail within a tick, with an error that names the rank that failed
 //! and why, instead of hanging until their timeout.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::flight::Flight;
 
 /// How long one slice of a blocking wait lasts before failures are rechecked.
 pub(crate) const TICK: Duration = Duration::from_millis(20);
 
-#[derive(Default)]
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
+    /// Ranks whose closure has returned and whose collectives have all
+    /// finished: whatever a peer still waits for from them will never come.
+    gone: Vec<AtomicBool>,
+    /// What every rank last did, for timeout errors.
+    pub flight: Flight,
 }
 
 #[derive(Clone)]
@@ -29,8 +35,25 @@ struct Failure {
 }
 
 impl Health {
-    pub(crate) fn new() -> Arc<Health> {
-        Arc::new(Health::default())
+    pub(crate) fn new(ranks: usize) -> Arc<Health> {
+        Arc::new(Health {
+            failure: Mutex::new(None),
+            gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
+            flight: Flight::new(ranks),
+        })
+    }
+
+    /// Marks `rank` as finished for good (until the next run).
+    pub(crate) fn set_gone(&self, rank: usize) {
+        if let Some(g) = self.gone.get(rank) {
+            g.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn is_gone(&self, rank: usize) -> bool {
+        self.gone
+            .get(rank)
+            .is_some_and(|g| g.load(Ordering::Acquire))
     }
 
     /// Records that rank `origin` failed with `error` (the first record wins).
@@ -41,9 +64,13 @@ impl Health {
         }
     }
 
-    /// Forgets a recorded failure (a new `World::run`).
+    /// Forgets failures, departures and history (a new `World::run`).
     pub(crate) fn reset(&self) {
         *lock(&self.failure) = None;
+        for g in &self.gone {
+            g.store(false, Ordering::Release);
+        }
+        self.flight.clear();
     }
 
     /// `Ok` while nobody has failed; else the error `rank` should report for `seq`.
@@ -57,6 +84,20 @@ impl Health {
             e @ Error::Mismatch { .. } => e,
             Error::Aborted { .. } => Error::Aborted { rank, seq },
             e if f.origin == rank => e,
+            // The whole group waited too long: every rank reports the timeout,
+            // with the flight record that says who was behind.
+            Error::Timeout {
+                what,
+                after,
+                flight,
+                ..
+            } => Error::Timeout {
+                rank,
+                seq,
+                what: format!("rank {} waiting for {what}", f.origin),
+                after,
+                flight,
+            },
             e => Error::PeerFailed {
                 rank,
                 seq,
@@ -86,7 +127,7 @@ impl Health {
                     seq,
                     what: what(),
                     after: now - start,
-                    flight: String::new(),
+                    flight: self.flight.report(),
                 });
             }
             if let Some(v) = attempt((deadline - now).min(TICK))? {

@@ -61,6 +61,7 @@ impl Kernels {
         let (layout, pipeline_layout) = self.layouts(dev)?;
         let module = self.module(dev, dtype)?;
         let constants = [("OP", f64::from(key.1)), ("DIVISOR", f64::from(divisor))];
+        dev.count_resource();
         let pipeline = dev.scoped(&format!("compiling the {dtype} {op} reduction"), |d| {
             d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some("reduce"),
@@ -88,6 +89,7 @@ impl Kernels {
             return Ok(m.clone());
         }
         let source = format!("{}\n{}", prelude(dtype), REDUCE);
+        dev.count_resource();
         let m = dev.scoped(&format!("compiling shaders/reduce.wgsl for {dtype}"), |d| {
             d.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("reduce.wgsl"),
@@ -113,6 +115,7 @@ impl Kernels {
             },
             count: None,
         };
+        dev.count_resource();
         let made = dev.scoped("creating the reduction layouts", |d| {
             let bgl = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("reduce"),
@@ -147,6 +150,7 @@ impl Reducer {
         bytes: u64,
     ) -> Result<()> {
         let size = wgpu::BufferSize::new(bytes);
+        dev.count_resource();
         let bind = dev.scoped("binding a reduction", |d| {
             d.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,

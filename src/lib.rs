@@ -36,6 +36,7 @@ mod comm;
 mod device;
 mod error;
 mod fingerprint;
+mod flight;
 mod health;
 mod kernels;
 mod op;

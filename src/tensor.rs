@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::device::RankDevice;
+use crate::device::{RankDevice, size_class};
 use crate::error::{Error, Result};
 
 /// The element types a tensor can hold.
@@ -143,37 +143,28 @@ impl Tensor {
         .union(wgpu::BufferUsages::COPY_SRC)
         .union(wgpu::BufferUsages::COPY_DST);
 
-    /// A tensor holding `data`, written through a buffer mapped at creation
-    /// (no `queue.write_buffer` staging allocation).
+    /// A tensor holding `data`. The buffer comes from the device's pool
+    /// when one fits, and the bytes go through the queue, so they land
+    /// after whatever the device still does with the buffer's last owner.
     pub(crate) fn from_slice<T: Element>(device: &Arc<RankDevice>, data: &[T]) -> Result<Tensor> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let buffer = device.create_buffer(
-            "tensor",
-            Self::buffer_size(T::DTYPE, data.len()),
-            Self::USAGE,
-            true,
-        )?;
-        {
-            let mut view = buffer.get_mapped_range_mut(..).map_err(|e| {
-                Error::device(device.rank, None, format!("mapping a new tensor: {e}"))
-            })?;
-            view.slice(..bytes.len()).copy_from_slice(bytes);
-        }
-        buffer.unmap();
+        let buffer =
+            device.reuse_buffer(Self::buffer_size(device, T::DTYPE, data.len()), Self::USAGE)?;
+        device.write_buffer(&buffer, bytes)?;
         Ok(Self::wrap(device, buffer, T::DTYPE, data.len()))
     }
 
-    /// A zero-filled tensor (wgpu zero-initialises new buffers).
+    /// A zero-filled tensor.
     pub(crate) fn zeros(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
-        let buffer =
-            device.create_buffer("tensor", Self::buffer_size(dtype, len), Self::USAGE, false)?;
+        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len), Self::USAGE)?;
+        device.clear_buffer(&buffer)?;
         Ok(Self::wrap(device, buffer, dtype, len))
     }
 
     /// A tensor for a collective's output: its buffer may come from the
     /// device's pool with stale contents, so the collective must write all of it.
     pub(crate) fn output(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
-        let buffer = device.reuse_buffer(Self::buffer_size(dtype, len), Self::USAGE)?;
+        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len), Self::USAGE)?;
         Ok(Self::wrap(device, buffer, dtype, len))
     }
 
@@ -188,9 +179,21 @@ impl Tensor {
         }
     }
 
-    /// Whole 16-byte units, at least one (wgpu rejects some uses of empty buffers).
-    fn buffer_size(dtype: DType, len: usize) -> u64 {
-        (dtype.words(len).max(4) * 4) as u64
+    /// Whole 16-byte units, rounded up to a size class so that freed
+    /// buffers fit later tensors of similar size (see `device::size_class`).
+    fn buffer_size(device: &RankDevice, dtype: DType, len: usize) -> u64 {
+        let exact = (dtype.words(len) * 4) as u64;
+        let class = size_class(exact);
+        if class > device.limits.max_buffer_size {
+            exact
+        } else {
+            class
+        }
+    }
+
+    /// Bytes of the tensor that kernels and copies touch (whole 16-byte units).
+    pub(crate) fn used_bytes(&self) -> u64 {
+        (self.words() * 4) as u64
     }
 
     /// Number of elements.

@@ -72,9 +72,29 @@ impl Endpoint {
     pub(crate) fn take(&self, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
         let rx = &self.from[peer];
         let p = w.until(
-            || format!("rank {peer} to send {bytes} bytes of {}", w.fp),
+            || match bytes {
+                0 => format!("rank {peer} to join {}", w.fp),
+                _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
+            },
             |tick| match rx.recv_timeout(tick) {
                 Ok(p) => Ok(Some(p)),
+                Err(RecvTimeoutError::Timeout) if w.health.is_gone(peer) => match rx.try_recv() {
+                    Ok(p) => Ok(Some(p)),
+                    // A peer that left after a failure is reported with that
+                    // failure (recorded before it left), not as a departure.
+                    Err(_) => w
+                        .health
+                        .check(self.rank, w.fp.seq)
+                        .and(Err(Error::PeerFailed {
+                            rank: self.rank,
+                            seq: w.fp.seq,
+                            peer,
+                            reason: format!(
+                                "rank {peer} returned from its closure without issuing {}",
+                                w.fp
+                            ),
+                        })),
+                },
                 Err(RecvTimeoutError::Timeout) => Ok(None),
                 Err(RecvTimeoutError::Disconnected) => Err(Error::PeerFailed {
                     rank: self.rank,
@@ -84,13 +104,22 @@ impl Endpoint {
                 }),
             },
         )?;
+        let (ours, theirs) = if p.fp != w.fp {
+            (w.fp.to_string(), p.fp.to_string())
+        } else {
+            // Same collective, different schedule: only a bug would get here.
+            (
+                format!("{} expecting {bytes} bytes", w.fp),
+                format!("{} sending {} bytes", p.fp, p.data.len()),
+            )
+        };
         if p.fp != w.fp || p.data.len() != bytes {
             return Err(Error::Mismatch {
                 rank: self.rank,
                 seq: w.fp.seq,
-                ours: format!("{} expecting {bytes} bytes", w.fp),
+                ours,
                 peer: p.from,
-                theirs: format!("{} sending {} bytes", p.fp, p.data.len()),
+                theirs,
             });
         }
         Ok(p)

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::health::Health;
 use crate::tensor::Tensor;
 
 #[derive(Clone)]
@@ -92,6 +93,7 @@ pub struct Work {
     state: Arc<WorkState>,
     outputs: Vec<Tensor>,
     dev: Arc<RankDevice>,
+    health: Arc<Health>,
     fp: Fingerprint,
     rank: usize,
     timeout: Duration,
@@ -108,6 +110,7 @@ impl Work {
         state: Arc<WorkState>,
         outputs: Vec<Tensor>,
         dev: Arc<RankDevice>,
+        health: Arc<Health>,
         fp: Fingerprint,
         rank: usize,
         timeout: Duration,
@@ -116,6 +119,7 @@ impl Work {
             state,
             outputs,
             dev,
+            health,
             fp,
             rank,
             timeout,
@@ -183,7 +187,7 @@ impl Work {
             seq: self.fp.seq,
             what: format!("{what} of {}", self.fp),
             after,
-            flight: String::new(),
+            flight: self.health.flight.report(),
         }
     }
 

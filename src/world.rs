@@ -107,7 +107,7 @@ impl World {
             });
         }
         let adapters = find_adapters(&config)?;
-        let health = Health::new();
+        let health = Health::new(n);
         let mut comms = Vec::with_capacity(n);
         let mut infos = Vec::with_capacity(n);
         for (rank, endpoint) in mesh(n).into_iter().enumerate() {
@@ -172,6 +172,7 @@ impl World {
                                     message: panic_message(p),
                                 });
                             }
+                            c.depart();
                             r
                         })
                 })

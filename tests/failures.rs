@@ -1,0 +1,284 @@
+//! Failures are loud, fast and lossless: mismatches, timeouts with a flight
+//! record, ranks that panic or return early, abort, device loss.
+
+use std::time::{Duration, Instant};
+
+use wgpu_collectives::{DType, Error, ReduceOp, World, WorldConfig};
+
+const N: usize = 4;
+
+/// A world whose collectives give up after `secs`.
+fn world_with_timeout(n: usize, secs: u64) -> World {
+    World::new(WorldConfig::new(n).with_timeout(Duration::from_secs(secs))).expect("world")
+}
+
+/// Every rank's error, failing the test if any rank succeeded.
+fn errors<T: std::fmt::Debug>(results: Vec<Result<T, Error>>) -> Vec<Error> {
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| match r {
+            Err(e) => e,
+            Ok(v) => panic!("rank {rank} succeeded with {v:?}, expected an error"),
+        })
+        .collect()
+}
+
+fn assert_mismatch(errs: &[Error], ours: &str, theirs: &str) {
+    for (rank, e) in errs.iter().enumerate() {
+        match e {
+            Error::Mismatch {
+                ours: o, theirs: t, ..
+            } => {
+                let both = format!("{o} / {t}");
+                assert!(
+                    both.contains(ours) && both.contains(theirs),
+                    "rank {rank}: {e}"
+                );
+            }
+            other => panic!("rank {rank}: expected Mismatch, got {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_length_mismatch_fails_every_rank_with_both_sides_at_once() {
+    let w = world_with_timeout(N, 30);
+    let start = Instant::now();
+    let r = w
+        .run(|c| {
+            // Rank 2 reduces 0 elements, the others 1000: rank 2 alone would send nothing.
+            let len = if c.rank() == 2 { 0 } else { 1000 };
+            let x = c.tensor(&vec![1.0f32; len])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|t| t.len())
+        })
+        .expect("run");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_mismatch(&errors(r), "len 0", "len 1000");
+}
+
+#[test]
+fn an_op_or_dtype_mismatch_is_caught() {
+    let w = world_with_timeout(N, 30);
+    let r = w
+        .run(|c| {
+            let op = if c.rank() == 1 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            let x = c.tensor(&[1i32; 64])?;
+            c.all_reduce(&x, op)?.wait().map(|t| t.len())
+        })
+        .expect("run");
+    assert_mismatch(&errors(r), "max", "sum");
+
+    let r = w
+        .run(|c| {
+            let x = if c.rank() == 3 {
+                c.zeros(DType::U32, 64)?
+            } else {
+                c.zeros(DType::I32, 64)?
+            };
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|t| t.len())
+        })
+        .expect("run");
+    assert_mismatch(&errors(r), "uint32", "int32");
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_is_a_mismatch_of_sequence_numbers() {
+    let w = world_with_timeout(N, 30);
+    let r = w
+        .run(|c| -> Result<usize, Error> {
+            let x = c.tensor(&[1.0f32; 100])?;
+            if c.rank() != 0 {
+                c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            }
+            let y = c.tensor(&[2.0f32; 50])?;
+            c.all_reduce(&y, ReduceOp::Sum)?.wait().map(|t| t.len())
+        })
+        .expect("run");
+    assert_mismatch(
+        &errors(r),
+        "#0 all_reduce(float, len 50",
+        "#0 all_reduce(float, len 100",
+    );
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out_with_a_flight_record() {
+    let w = world_with_timeout(3, 1);
+    let start = Instant::now();
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 10])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            if c.rank() == 2 {
+                // Busy elsewhere, longer than the timeout, then gone.
+                std::thread::sleep(Duration::from_secs(3));
+                return Ok(());
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    let elapsed = start.elapsed();
+    assert!(elapsed < Duration::from_secs(6), "took {elapsed:?}");
+    // Both waiting ranks report the timeout, each with every rank's record:
+    // ranks 0 and 1 are in #1, rank 2 never got past #0.
+    for (rank, res) in r.into_iter().enumerate().take(2) {
+        let e = res.expect_err("ranks 0 and 1 must fail");
+        let Error::Timeout { flight, .. } = &e else {
+            panic!("rank {rank}: expected Timeout, got {e}");
+        };
+        let msg = e.to_string();
+        let line = |r: usize| {
+            flight
+                .lines()
+                .find(|l| l.contains(&format!("rank {r}:")))
+                .unwrap_or_else(|| panic!("no line for rank {r}: {msg}"))
+        };
+        assert!(
+            line(2).contains("[0 all_reduce 40 bytes, completed") && !line(2).contains("[1 "),
+            "{msg}"
+        );
+        for r in 0..2 {
+            assert!(
+                line(r).contains("[1 all_reduce 40 bytes, in progress")
+                    || line(r).contains("[1 all_reduce 40 bytes, failed"),
+                "{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn wait_timeout_bounds_a_single_wait() {
+    let w = world_with_timeout(2, 30);
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 10])?;
+            if c.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            let start = Instant::now();
+            let res = c
+                .all_reduce(&x, ReduceOp::Sum)?
+                .wait_timeout(Duration::from_millis(300));
+            if c.rank() == 0 {
+                match res {
+                    Err(Error::Timeout { after, .. }) => {
+                        assert!(
+                            after >= Duration::from_millis(300)
+                                && start.elapsed() < Duration::from_secs(1),
+                            "{after:?}"
+                        );
+                    }
+                    other => panic!("rank 0: expected Timeout, got {other:?}"),
+                }
+            }
+            Ok(())
+        })
+        .expect("run");
+    for x in r {
+        x.expect("rank");
+    }
+}
+
+#[test]
+fn a_rank_that_returns_early_fails_its_peers_within_a_second() {
+    let w = world_with_timeout(N, 30);
+    let start = Instant::now();
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 1000])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            if c.rank() == 3 {
+                return Ok(());
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (rank, res) in r.into_iter().enumerate().take(3) {
+        match res {
+            Err(Error::PeerFailed { peer: 3, .. }) => {}
+            Err(Error::PeerFailed { reason, .. }) if reason.contains("rank 3") => {}
+            other => panic!("rank {rank}: expected PeerFailed naming rank 3, got {other:?}"),
+        }
+    }
+    // The world still works.
+    let again = w
+        .run(|c| -> Result<Vec<f32>, Error> {
+            let x = c.tensor(&[1.0f32; 4])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+        })
+        .expect("run");
+    for v in again {
+        assert_eq!(v.expect("rank"), vec![N as f32; 4]);
+    }
+}
+
+#[test]
+fn abort_fails_pending_work_on_every_rank() {
+    let w = world_with_timeout(N, 30);
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 1000])?;
+            if c.rank() == 0 {
+                // Rank 0 issues nothing and aborts; the others are blocked waiting for it.
+                std::thread::sleep(Duration::from_millis(300));
+                c.abort();
+                let later = c.all_reduce(&x, ReduceOp::Sum)?.wait();
+                assert!(
+                    matches!(later, Err(Error::Aborted { rank: 0, .. })),
+                    "{later:?}"
+                );
+                return Err(Error::Aborted { rank: 0, seq: 0 });
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    for (rank, e) in errors(r).into_iter().enumerate() {
+        assert!(
+            matches!(e, Error::Aborted { rank: r, .. } if r == rank),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+#[test]
+fn device_loss_becomes_an_error_and_peers_fail_cleanly() {
+    let w = world_with_timeout(3, 30);
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 1000])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            if c.rank() == 1 {
+                c.device().destroy();
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    let errs = errors(r);
+    assert!(
+        matches!(errs[1], Error::Device { .. }),
+        "rank 1: {}",
+        errs[1]
+    );
+    for rank in [0, 2] {
+        assert!(
+            matches!(errs[rank], Error::PeerFailed { peer: 1, .. }),
+            "rank {rank}: {}",
+            errs[rank]
+        );
+    }
+}
