@@ -1,39 +1,30 @@
-//! `Communicator`: one rank's view of a group, and the progress thread that
-//! runs its collectives.
+//! `Communicator`: one rank's view of a group, and how collectives are issued.
 //!
-//! A collective call only checks its arguments, allocates its output and
-//! queues an [`Op`]; it returns a [`Work`] at once. Each communicator has
-//! its own progress thread (NCCL's proxy thread, Gloo's context) that takes
-//! ops in issue order and drives their schedules, so the caller's thread is
-//! free to keep issuing compute while the ring runs. Collectives of one
-//! communicator never overlap each other on a rank, which is what keeps
-//! every rank's steps in the same order.
+//! A collective call only checks its arguments, allocates its outputs and
+//! queues an op for the communicator's progress thread (`progress.rs`); it
+//! returns a [`Work`] at once, so the caller's thread is free to keep
+//! issuing compute while the ring runs. Collectives of one communicator run
+//! in issue order on every rank, which is what keeps every rank's steps in
+//! the same order; two communicators (say, the rows and the columns of a
+//! grid from `split`) have separate progress threads and run concurrently.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam::channel::{Sender, unbounded};
 
-use crate::algo::{prims::Prims, ring};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
-use crate::health::{Health, Waiter};
+use crate::health::Health;
 use crate::op::ReduceOp;
+use crate::progress::{Args, Op, Progress};
 use crate::tensor::{DType, Element, Tensor};
-use crate::transport::{Endpoint, Packet, Stager};
+use crate::transport::{Endpoint, Stager};
 use crate::work::{Work, WorkState};
-
-/// One queued collective.
-struct Op {
-    fp: Fingerprint,
-    input: Tensor,
-    output: Tensor,
-    state: Arc<WorkState>,
-}
 
 struct Issuer {
     seq: u64,
@@ -66,6 +57,35 @@ impl std::fmt::Debug for Communicator {
             "Communicator(rank {} of {})",
             self.inner.rank, self.inner.size
         )
+    }
+}
+
+/// Tensors one call sends, with what they all share.
+struct Call {
+    kind: Kind,
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    dtype: DType,
+    len: usize,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    shape: u64,
+    args: Args,
+}
+
+impl Call {
+    fn new(kind: Kind, x: &Tensor, out: Tensor) -> Call {
+        Call {
+            kind,
+            dtype: x.dtype(),
+            len: x.len(),
+            inputs: vec![x.clone()],
+            outputs: vec![out],
+            op: None,
+            root: None,
+            shape: 0,
+            args: Args::None,
+        }
     }
 }
 
@@ -155,18 +175,255 @@ impl Communicator {
         Tensor::zeros(&self.inner.dev, dtype, len)
     }
 
+    fn output(&self, dtype: DType, len: usize) -> Result<Tensor> {
+        Tensor::output(&self.inner.dev, dtype, len)
+    }
+
     /// Sum (or another reduction) of `x` over all ranks, into a new tensor.
     /// Returns at once; `x` must not be written until the `Work` completes.
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
-        let out = Tensor::output(&self.inner.dev, x.dtype(), x.len())?;
-        self.issue(Kind::AllReduce, x.clone(), out, Some(op))
+        let out = self.output(x.dtype(), x.len())?;
+        self.issue(Call {
+            op: Some(op),
+            ..Call::new(Kind::AllReduce, x, out)
+        })
     }
 
     /// Like [`all_reduce`](Self::all_reduce), leaving the result in `x`.
     pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
-        self.issue(Kind::AllReduce, x.clone(), x.clone(), Some(op))
+        self.issue(Call {
+            op: Some(op),
+            ..Call::new(Kind::AllReduce, x, x.clone())
+        })
+    }
+
+    /// Every rank's `x`, concatenated in rank order: length n x len.
+    pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
+        self.check_tensor(x)?;
+        let out = self.output(x.dtype(), x.len() * self.size())?;
+        self.issue(Call::new(Kind::AllGather, x, out))
+    }
+
+    /// Reduces `x` over all ranks and gives rank r the r-th of n equal
+    /// slices; `x.len()` must be divisible by n.
+    pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_divisible(x)?;
+        let out = self.output(x.dtype(), x.len() / self.size())?;
+        self.issue(Call {
+            op: Some(op),
+            ..Call::new(Kind::ReduceScatter, x, out)
+        })
+    }
+
+    /// The root's `x` on every rank, in a new tensor (every rank passes a
+    /// tensor of the same dtype and length; only the root's values matter).
+    pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
+        self.check_tensor(x)?;
+        self.check_root(root)?;
+        let out = self.output(x.dtype(), x.len())?;
+        self.issue(Call {
+            root: Some(root),
+            args: Args::Root(root),
+            ..Call::new(Kind::Broadcast, x, out)
+        })
+    }
+
+    /// The reduction of every rank's `x`, in the root's output. Other
+    /// ranks' outputs hold the partial reduction they passed on.
+    pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_root(root)?;
+        let out = self.output(x.dtype(), x.len())?;
+        self.issue(Call {
+            op: Some(op),
+            root: Some(root),
+            args: Args::Root(root),
+            ..Call::new(Kind::Reduce, x, out)
+        })
+    }
+
+    /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
+    /// receives `recv_counts[j]` from it, rank-major in the output. `None`
+    /// splits `x` evenly (its length must then be divisible by n). Counts
+    /// that disagree between ranks fail on every rank involved.
+    pub fn all_to_all(
+        &self,
+        x: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<Work> {
+        self.check_tensor(x)?;
+        let n = self.size();
+        let even = || -> Result<Vec<usize>> {
+            self.check_divisible(x)?;
+            Ok(vec![x.len() / n; n])
+        };
+        let send = match send_counts {
+            Some(c) => self.check_counts("send_counts", c)?,
+            None => even()?,
+        };
+        if send.iter().sum::<usize>() != x.len() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "send_counts {send:?} sum to {}, but the tensor has {} elements",
+                    send.iter().sum::<usize>(),
+                    x.len()
+                ),
+            ));
+        }
+        let recv = match recv_counts {
+            Some(c) => self.check_counts("recv_counts", c)?,
+            None => even()?,
+        };
+        let out = self.output(x.dtype(), recv.iter().sum())?;
+        self.issue(Call {
+            len: 0,
+            args: Args::Counts { send, recv },
+            ..Call::new(Kind::AllToAll, x, out)
+        })
+    }
+
+    /// Completes once every rank has called it.
+    pub fn barrier(&self) -> Result<Work> {
+        let out = self.output(DType::F32, 0)?;
+        self.issue(Call {
+            kind: Kind::Barrier,
+            inputs: Vec::new(),
+            outputs: vec![out],
+            dtype: DType::F32,
+            len: 0,
+            op: None,
+            root: None,
+            shape: 0,
+            args: Args::None,
+        })
+    }
+
+    /// All-reduces several tensors of one dtype in one ring pass over their
+    /// concatenation; `wait_all` gives the outputs in order.
+    pub fn all_reduce_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
+        let dtype = self.check_coalesced(xs)?;
+        for x in xs {
+            self.check_reduce(x, op)?;
+        }
+        let outs = xs
+            .iter()
+            .map(|x| self.output(x.dtype(), x.len()))
+            .collect::<Result<_>>()?;
+        self.issue_coalesced(Kind::AllReduceCoalesced, xs, outs, dtype, Some(op))
+    }
+
+    /// `all_gather` of several tensors of one dtype as one `Work`.
+    pub fn all_gather_coalesced(&self, xs: &[Tensor]) -> Result<Work> {
+        let dtype = self.check_coalesced(xs)?;
+        let outs = xs
+            .iter()
+            .map(|x| self.output(x.dtype(), x.len() * self.size()))
+            .collect::<Result<_>>()?;
+        self.issue_coalesced(Kind::AllGatherCoalesced, xs, outs, dtype, None)
+    }
+
+    /// `reduce_scatter` of several tensors of one dtype as one `Work`.
+    pub fn reduce_scatter_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
+        let dtype = self.check_coalesced(xs)?;
+        for x in xs {
+            self.check_reduce(x, op)?;
+            self.check_divisible(x)?;
+        }
+        let outs = xs
+            .iter()
+            .map(|x| self.output(x.dtype(), x.len() / self.size()))
+            .collect::<Result<_>>()?;
+        self.issue_coalesced(Kind::ReduceScatterCoalesced, xs, outs, dtype, Some(op))
+    }
+
+    fn issue_coalesced(
+        &self,
+        kind: Kind,
+        xs: &[Tensor],
+        outputs: Vec<Tensor>,
+        dtype: DType,
+        op: Option<ReduceOp>,
+    ) -> Result<Work> {
+        let lens: Vec<usize> = xs.iter().map(Tensor::len).collect();
+        self.issue(Call {
+            kind,
+            inputs: xs.to_vec(),
+            outputs,
+            dtype,
+            len: lens.iter().sum(),
+            op,
+            root: None,
+            shape: Fingerprint::shape_of(&lens),
+            args: Args::None,
+        })
+    }
+
+    /// Splits the group, as `ncclCommSplit`: a collective over this
+    /// communicator (every rank must call it). Ranks passing the same
+    /// `color` form a new communicator, ordered by (`key`, rank here);
+    /// `None` takes part but gets no communicator.
+    pub fn split(&self, color: Option<u32>, key: usize) -> Result<Option<Communicator>> {
+        let table = Arc::new(Mutex::new(None));
+        let out = self.output(DType::F32, 0)?;
+        let work = self.issue(Call {
+            kind: Kind::Split,
+            inputs: Vec::new(),
+            outputs: vec![out],
+            dtype: DType::F32,
+            len: 0,
+            op: None,
+            root: None,
+            shape: 0,
+            args: Args::Split {
+                color,
+                key,
+                table: table.clone(),
+            },
+        })?;
+        let seq = work.seq();
+        work.wait()?;
+        let Some(color) = color else { return Ok(None) };
+        let all = lock(&table).take().ok_or_else(|| {
+            Error::device(
+                self.rank(),
+                Some(seq),
+                "split finished without the table of colors",
+            )
+        })?;
+        let mut members: Vec<(usize, usize)> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| *c == Some(color))
+            .map(|(rank, (_, key))| (*key, rank))
+            .collect();
+        members.sort_unstable();
+        let parents: Vec<usize> = members.iter().map(|&(_, rank)| rank).collect();
+        let me = parents
+            .iter()
+            .position(|&r| r == self.rank())
+            .ok_or_else(|| {
+                Error::device(
+                    self.rank(),
+                    Some(seq),
+                    "split: this rank is missing from its own color",
+                )
+            })?;
+        let (endpoint, health) = Health::join_split(&self.inner.health, seq, color, &parents, me)?;
+        let inner = &self.inner;
+        Communicator::new(
+            me,
+            parents.len(),
+            inner.dev.clone(),
+            endpoint,
+            health,
+            inner.timeout,
+        )
+        .map(Some)
     }
 
     fn check_tensor(&self, x: &Tensor) -> Result<()> {
@@ -194,32 +451,85 @@ impl Communicator {
         Ok(())
     }
 
-    fn issue(
-        &self,
-        kind: Kind,
-        input: Tensor,
-        output: Tensor,
-        op: Option<ReduceOp>,
-    ) -> Result<Work> {
+    fn check_divisible(&self, x: &Tensor) -> Result<()> {
+        if x.len() % self.size() != 0 {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "a tensor of {} elements cannot be split evenly over {} ranks",
+                    x.len(),
+                    self.size()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!("root {root} is not a rank of a group of {}", self.size()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_counts(&self, what: &str, counts: &[usize]) -> Result<Vec<usize>> {
+        if counts.len() != self.size() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "{what} has {} entries, but the group has {} ranks",
+                    counts.len(),
+                    self.size()
+                ),
+            ));
+        }
+        Ok(counts.to_vec())
+    }
+
+    fn check_coalesced(&self, xs: &[Tensor]) -> Result<DType> {
+        for x in xs {
+            self.check_tensor(x)?;
+        }
+        let dtype = xs.first().map_or(DType::F32, Tensor::dtype);
+        if let Some(x) = xs.iter().find(|x| x.dtype() != dtype) {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "coalesced tensors must share a dtype: {dtype} and {}",
+                    x.dtype()
+                ),
+            ));
+        }
+        Ok(dtype)
+    }
+
+    fn issue(&self, call: Call) -> Result<Work> {
         let inner = &self.inner;
         let state = WorkState::new();
         let mut issuer = lock(&inner.issuer);
         let fp = Fingerprint {
             seq: issuer.seq,
-            kind,
-            dtype: input.dtype(),
-            len: input.len(),
-            op,
+            kind: call.kind,
+            dtype: call.dtype,
+            len: call.len,
+            op: call.op,
+            root: call.root,
+            shape: call.shape,
         };
-        let tx = issuer.tx.as_ref().ok_or_else(|| Error::Aborted {
+        let tx = issuer.tx.as_ref().ok_or(Error::Aborted {
             rank: inner.rank,
             seq: fp.seq,
         })?;
         inner.inflight.fetch_add(1, Ordering::AcqRel);
+        let outputs = call.outputs.clone();
         let op = Op {
             fp,
-            input,
-            output: output.clone(),
+            inputs: call.inputs,
+            outputs: call.outputs,
+            args: call.args,
             state: state.clone(),
         };
         if tx.send(op).is_err() {
@@ -234,7 +544,7 @@ impl Communicator {
         inner.health.flight.record(inner.rank, fp, State::Enqueued);
         Ok(Work::new(
             state,
-            vec![output],
+            outputs,
             inner.dev.clone(),
             inner.health.clone(),
             fp,
@@ -277,7 +587,7 @@ impl Communicator {
 
     /// Prepares for a new `World::run`: waits for the previous run's
     /// collectives to resolve, drops their stray packets, and starts the
-    /// sequence again at 0 with a clean failure record.
+    /// sequence again at 0.
     pub(crate) fn reset(&self) -> Result<()> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.timeout * 2;
@@ -307,159 +617,6 @@ impl Drop for Inner {
             let _ = h.join();
         }
     }
-}
-
-/// The progress thread's state: everything it needs, nothing shared with
-/// callers except through the op queue, `Health` and `WorkState`.
-struct Progress {
-    rank: usize,
-    size: usize,
-    dev: Arc<RankDevice>,
-    endpoint: Arc<Endpoint>,
-    health: Arc<Health>,
-    stage: Stager,
-    timeout: Duration,
-    inflight: Arc<AtomicUsize>,
-    /// Issued ops whose final submission the device has not reported done.
-    gpu_pending: Arc<AtomicUsize>,
-}
-
-/// How often an idle progress thread polls the device while some `Work`
-/// still waits for its fence (so that futures are woken).
-const IDLE_POLL: Duration = Duration::from_millis(2);
-
-impl Progress {
-    fn run(mut self, rx: Receiver<Op>) {
-        loop {
-            let idle = if self.gpu_pending.load(Ordering::Acquire) > 0 {
-                IDLE_POLL
-            } else {
-                Duration::from_millis(200)
-            };
-            let op = match rx.recv_timeout(idle) {
-                Ok(op) => op,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.dev.poll_now();
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            op.state.start();
-            self.health
-                .flight
-                .record(self.rank, op.fp, State::InProgress);
-            let result = match self.health.check(self.rank, op.fp.seq) {
-                Err(e) => Err(e),
-                Ok(()) => {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&op)))
-                        .unwrap_or_else(|p| {
-                            Err(Error::device(
-                                self.rank,
-                                Some(op.fp.seq),
-                                format!("internal error: {}", panic_message(&p)),
-                            ))
-                        })
-                }
-            };
-            match result {
-                Ok(idx) => {
-                    self.health
-                        .flight
-                        .record(self.rank, op.fp, State::Completed);
-                    self.gpu_pending.fetch_add(1, Ordering::AcqRel);
-                    let (state, pending) = (op.state.clone(), self.gpu_pending.clone());
-                    op.state.issued(idx);
-                    self.dev.queue.on_submitted_work_done(move || {
-                        state.gpu_done();
-                        pending.fetch_sub(1, Ordering::AcqRel);
-                    });
-                }
-                Err(e) => {
-                    // The ring is broken for everyone: make peers fail now, not at their timeout.
-                    let origin = match &e {
-                        Error::PeerFailed { peer, .. } => *peer,
-                        _ => self.rank,
-                    };
-                    self.health.fail(origin, e.clone());
-                    self.health.flight.record(self.rank, op.fp, State::Failed);
-                    self.stage.clear();
-                    op.state.fail(e);
-                }
-            }
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-
-    /// Runs one collective's schedule; returns the submission that last
-    /// writes its output.
-    fn execute(&mut self, op: &Op) -> Result<wgpu::SubmissionIndex> {
-        let seq = Some(op.fp.seq);
-        let dev = self.dev.clone();
-        let out = op.output.buffer();
-        let waiter = Waiter {
-            dev: &dev,
-            health: &self.health,
-            rank: self.rank,
-            fp: op.fp,
-            timeout: self.timeout,
-        };
-        // Agree on what runs before moving any data: a rank that issued
-        // something else (or nothing) is caught here, on every rank, even
-        // when one side would have sent no bytes at all.
-        if self.size > 1 {
-            handshake(&self.endpoint, &waiter, self.size)?;
-        }
-        let mut enc = dev.encoder();
-        if op.input.buffer() != out && op.input.used_bytes() > 0 {
-            enc.copy_buffer_to_buffer(op.input.buffer(), 0, out, 0, op.input.used_bytes());
-        }
-        let first = dev.submit(enc, seq)?;
-        let (reduce, finish) = match (op.fp.op, self.size > 1 && op.fp.len > 0) {
-            (Some(r), true) => {
-                let divisor = if r == ReduceOp::Avg {
-                    self.size as u32
-                } else {
-                    0
-                };
-                (
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, r, 0)?),
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, r, divisor)?),
-                )
-            }
-            _ => (None, None),
-        };
-        let mut p = Prims {
-            w: waiter,
-            link: &self.endpoint,
-            stage: &mut self.stage,
-            buf: out,
-            reduce,
-            finish,
-            nranks: self.size,
-            last: None,
-        };
-        match op.fp.kind {
-            Kind::AllReduce => ring::all_reduce(&mut p, op.input.words())?,
-        }
-        Ok(p.last.unwrap_or(first))
-    }
-}
-
-/// Sends this rank's fingerprint to the next rank of the ring and checks
-/// the previous rank's against it.
-fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
-    let data = link.buffer();
-    link.post(
-        (w.rank + 1) % n,
-        Packet {
-            fp: w.fp,
-            from: w.rank,
-            data,
-        },
-    )?;
-    let p = link.take((w.rank + n - 1) % n, 0, w)?;
-    link.recycle(p.data);
-    Ok(())
 }
 
 pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {

@@ -1,9 +1,10 @@
 //! What a collective is, in a form ranks can compare.
 //!
-//! Every packet carries its sender's fingerprint, so a rank that receives
-//! data for a different collective (another kind, dtype, length, operator or
-//! root) fails at once with both sides in the error, instead of reducing
-//! the wrong bytes or waiting forever for a packet that will never come.
+//! Every collective starts with a handshake that carries its fingerprint,
+//! and every packet carries it too, so a rank that issued a different
+//! collective (another kind, dtype, length, operator, root or shape) fails
+//! at once with both sides in the error, instead of reducing the wrong
+//! bytes or waiting forever for a packet that will never come.
 
 use crate::op::ReduceOp;
 use crate::tensor::DType;
@@ -12,12 +13,32 @@ use crate::tensor::DType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Barrier,
+    AllReduceCoalesced,
+    AllGatherCoalesced,
+    ReduceScatterCoalesced,
+    Split,
 }
 
 impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::AllReduce => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Broadcast => "broadcast",
+            Kind::Reduce => "reduce",
+            Kind::AllToAll => "all_to_all",
+            Kind::Barrier => "barrier",
+            Kind::AllReduceCoalesced => "all_reduce_coalesced",
+            Kind::AllGatherCoalesced => "all_gather_coalesced",
+            Kind::ReduceScatterCoalesced => "reduce_scatter_coalesced",
+            Kind::Split => "split",
         }
     }
 }
@@ -28,8 +49,28 @@ pub(crate) struct Fingerprint {
     pub seq: u64,
     pub kind: Kind,
     pub dtype: DType,
+    /// Elements per rank (the sum over tensors for coalesced calls; 0 for
+    /// all_to_all, whose lengths may differ between ranks).
     pub len: usize,
     pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
+    /// Hash of the tensor lengths of a coalesced call (0 otherwise).
+    pub shape: u64,
+}
+
+impl Fingerprint {
+    /// A hash of `lens` that two ranks agree on exactly when the lists are equal.
+    pub(crate) fn shape_of(lens: &[usize]) -> u64 {
+        // FNV-1a over the lengths and their count.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for v in std::iter::once(lens.len()).chain(lens.iter().copied()) {
+            for b in (v as u64).to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
 }
 
 impl std::fmt::Display for Fingerprint {
@@ -44,6 +85,12 @@ impl std::fmt::Display for Fingerprint {
         )?;
         if let Some(op) = self.op {
             write!(f, ", {op}")?;
+        }
+        if let Some(root) = self.root {
+            write!(f, ", root {root}")?;
+        }
+        if self.shape != 0 {
+            write!(f, ", shape {:016x}", self.shape)?;
         }
         f.write_str(")")
     }

@@ -7,6 +7,7 @@
 //! then fail within a tick, with an error that names the rank that failed
 //! and why, instead of hanging until their timeout.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::flight::Flight;
+use crate::transport::{Endpoint, mesh};
 
 /// How long one slice of a blocking wait lasts before failures are rechecked.
 pub(crate) const TICK: Duration = Duration::from_millis(20);
@@ -26,6 +28,17 @@ pub(crate) struct Health {
     gone: Vec<AtomicBool>,
     /// What every rank last did, for timeout errors.
     pub flight: Flight,
+    /// For a group made by `split`: the parent group and each rank's rank
+    /// in it. A parent's failures and departures are this group's too.
+    parent: Option<(Arc<Health>, Vec<usize>)>,
+    /// Groups being formed by `split`, until every member has joined.
+    forming: Mutex<HashMap<(u64, u32), Forming>>,
+}
+
+/// A group one `split` is forming: its links, and its shared record.
+struct Forming {
+    endpoints: Vec<Option<Endpoint>>,
+    health: Arc<Health>,
 }
 
 #[derive(Clone)]
@@ -36,11 +49,50 @@ struct Failure {
 
 impl Health {
     pub(crate) fn new(ranks: usize) -> Arc<Health> {
-        Arc::new(Health {
+        Arc::new(Health::with_parent(ranks, None))
+    }
+
+    fn with_parent(ranks: usize, parent: Option<(Arc<Health>, Vec<usize>)>) -> Health {
+        Health {
             failure: Mutex::new(None),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks),
-        })
+            parent,
+            forming: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Joins the group that `split` number `seq` forms for `color` out of
+    /// `parents` (ranks here, in the new group's order), as its rank `me`:
+    /// the first member to arrive makes the group's links.
+    pub(crate) fn join_split(
+        this: &Arc<Health>,
+        seq: u64,
+        color: u32,
+        parents: &[usize],
+        me: usize,
+    ) -> Result<(Endpoint, Arc<Health>)> {
+        let mut forming = lock(&this.forming);
+        let f = forming.entry((seq, color)).or_insert_with(|| Forming {
+            endpoints: mesh(parents.len()).into_iter().map(Some).collect(),
+            health: Arc::new(Health::with_parent(
+                parents.len(),
+                Some((this.clone(), parents.to_vec())),
+            )),
+        });
+        let endpoint = f
+            .endpoints
+            .get_mut(me)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::InvalidArgument {
+                rank: Some(parents.get(me).copied().unwrap_or(me)),
+                what: format!("split #{seq}: rank {me} of color {color} joined twice"),
+            })?;
+        let health = f.health.clone();
+        if f.endpoints.iter().all(Option::is_none) {
+            forming.remove(&(seq, color));
+        }
+        Ok((endpoint, health))
     }
 
     /// Marks `rank` as finished for good (until the next run).
@@ -54,6 +106,10 @@ impl Health {
         self.gone
             .get(rank)
             .is_some_and(|g| g.load(Ordering::Acquire))
+            || self
+                .parent
+                .as_ref()
+                .is_some_and(|(p, map)| map.get(rank).is_some_and(|&r| p.is_gone(r)))
     }
 
     /// Records that rank `origin` failed with `error` (the first record wins).
@@ -71,13 +127,19 @@ impl Health {
             g.store(false, Ordering::Release);
         }
         self.flight.clear();
+        lock(&self.forming).clear();
     }
 
     /// `Ok` while nobody has failed; else the error `rank` should report for `seq`.
     pub(crate) fn check(&self, rank: usize, seq: u64) -> Result<()> {
         let f = match lock(&self.failure).clone() {
-            None => return Ok(()),
             Some(f) => f,
+            None => {
+                return match &self.parent {
+                    Some((p, map)) => p.check(map.get(rank).copied().unwrap_or(rank), seq),
+                    None => Ok(()),
+                };
+            }
         };
         Err(match f.error {
             // A mismatch is reported the same way on every rank: it names both sides.

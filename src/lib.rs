@@ -40,6 +40,7 @@ mod flight;
 mod health;
 mod kernels;
 mod op;
+mod progress;
 mod tensor;
 mod transport;
 mod work;

@@ -150,6 +150,11 @@ impl Work {
         Ok(self.outputs)
     }
 
+    /// The collective's sequence number in its communicator.
+    pub(crate) fn seq(&self) -> u64 {
+        self.fp.seq
+    }
+
     /// Whether the collective has finished (successfully or not). Never blocks.
     pub fn is_completed(&self) -> bool {
         match self.state.phase() {

@@ -1,12 +1,17 @@
-//! The primitive steps of ring schedules, on one rank.
+//! The primitive steps of collective schedules, on one rank.
 //!
-//! Each step moves one slice (a [`Span`] of 32-bit words of the
-//! collective's working buffer) to or from a ring neighbour. Sends never
-//! block; receives wait for the neighbour's packet, checking its
-//! fingerprint. A step that must forward what it computed waits for its own
-//! device (the reduced bytes have to reach the host); a step that only
-//! stores does not, and the collective's completion is the last such
-//! submission.
+//! Each ring step moves one slice (a [`Span`] of 32-bit words of the
+//! working buffer) to or from a ring neighbour, with NCCL's names: `send`,
+//! `recv_reduce_send`, `recv_reduce_copy_send`, `recv_reduce`,
+//! `recv_copy_send`, `recv`. Sends never block; receives wait for the
+//! neighbour's packet, checking its fingerprint. A step that must forward
+//! what it computed waits for its own device (the reduced bytes have to
+//! reach the host); a step that only stores does not, and the collective's
+//! completion is the last such submission.
+//!
+//! Besides ring steps: device copies, point-to-point `post`/`take` for
+//! all_to_all, and a host image of a buffer range for the layouts a device
+//! copy cannot express (16-bit elements at odd offsets).
 
 use crate::error::Result;
 use crate::health::Waiter;
@@ -39,13 +44,13 @@ pub(crate) struct Prims<'a> {
     pub w: Waiter<'a>,
     pub link: &'a Endpoint,
     pub stage: &'a mut Stager,
-    /// The collective's working buffer (its output).
-    pub buf: &'a wgpu::Buffer,
+    /// The working buffer the ring steps read and write.
+    pub buf: wgpu::Buffer,
     pub reduce: Option<Reducer>,
     /// The reduction of the last step, which also applies Avg's division.
     pub finish: Option<Reducer>,
     pub nranks: usize,
-    /// The last submission that wrote `buf`.
+    /// The last submission that wrote an output.
     pub last: Option<wgpu::SubmissionIndex>,
 }
 
@@ -62,14 +67,23 @@ impl<'a> Prims<'a> {
         (self.w.rank + self.nranks - 1) % self.nranks
     }
 
+    /// Words of the storage-offset alignment: every slice a kernel binds
+    /// starts at a multiple of it (and so holds whole 16-byte units).
+    pub(crate) fn align_words(&self) -> usize {
+        (self
+            .w
+            .dev
+            .limits
+            .min_storage_buffer_offset_alignment
+            .max(16)
+            / 4) as usize
+    }
+
     /// Words per step when `remaining` words are left to split into `parts`:
-    /// an even share, rounded up to the storage-offset alignment (so every
-    /// slice can be bound where it lies, in whole 16-byte kernel units), and
-    /// at most one slice.
+    /// an even share, rounded up to the alignment, and at most one slice.
     pub(crate) fn step_words(&self, remaining: usize, parts: usize) -> usize {
-        let limits = &self.w.dev.limits;
-        let align = (limits.min_storage_buffer_offset_alignment.max(16) / 4) as usize;
-        let max_bytes = SLICE_BYTES.min(limits.max_storage_buffer_binding_size);
+        let align = self.align_words();
+        let max_bytes = SLICE_BYTES.min(self.w.dev.limits.max_storage_buffer_binding_size);
         let max = ((max_bytes / 4) as usize / align).max(1) * align;
         remaining
             .div_ceil(parts.max(1))
@@ -97,6 +111,25 @@ impl<'a> Prims<'a> {
         }
     }
 
+    /// Copies `bytes` from `src[src_off..]` to `dst[dst_off..]` on the
+    /// device (offsets and length multiples of 4).
+    pub(crate) fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut enc = self.w.dev.encoder();
+        enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
+        self.last = Some(self.submit(enc)?);
+        Ok(())
+    }
+
     /// Copies `span` of the buffer to the host and appends it to `data`.
     fn download(
         &mut self,
@@ -104,13 +137,9 @@ impl<'a> Prims<'a> {
         span: Span,
         data: &mut Vec<u8>,
     ) -> Result<()> {
-        self.stage.encode_download(
-            &mut enc,
-            self.buf,
-            span.offset(),
-            span.bytes() as u64,
-            &self.w,
-        )?;
+        let buf = self.buf.clone();
+        self.stage
+            .encode_download(&mut enc, &buf, span.offset(), span.bytes() as u64, &self.w)?;
         let idx = self.submit(enc)?;
         self.stage.finish_download(span.bytes(), data, &self.w)?;
         self.last = Some(idx);
@@ -126,16 +155,17 @@ impl<'a> Prims<'a> {
         data: &[u8],
         reducer: Option<&Reducer>,
     ) -> Result<()> {
+        let buf = self.buf.clone();
         match reducer {
             None => self
                 .stage
-                .encode_upload(enc, data, self.buf, span.offset(), &self.w),
+                .encode_upload(enc, data, &buf, span.offset(), &self.w),
             Some(r) => {
                 let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
                 r.encode(
                     self.w.dev,
                     enc,
-                    self.buf,
+                    &buf,
                     span.offset(),
                     &src,
                     0,
@@ -163,7 +193,7 @@ impl<'a> Prims<'a> {
         self.link.post(self.next(), self.packet(data))
     }
 
-    fn recv_reduce_then_send(&mut self, span: Span, last: bool) -> Result<()> {
+    fn recv_reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
         if span.words == 0 {
             return Ok(());
         }
@@ -171,6 +201,11 @@ impl<'a> Prims<'a> {
         let r = self.reducer(last)?;
         let mut enc = self.w.dev.encoder();
         self.absorb(&mut enc, span, &p.data, Some(&r))?;
+        if !forward {
+            self.last = Some(self.submit(enc)?);
+            self.link.recycle(p.data);
+            return Ok(());
+        }
         p.data.clear();
         self.download(enc, span, &mut p.data)?;
         let next = self.next();
@@ -180,13 +215,18 @@ impl<'a> Prims<'a> {
     /// Receives a partial result for `span` from the previous rank, reduces
     /// it into the buffer and sends the new partial result on.
     pub(crate) fn recv_reduce_send(&mut self, span: Span) -> Result<()> {
-        self.recv_reduce_then_send(span, false)
+        self.recv_reduce_then(span, false, true)
     }
 
     /// The last reduction of `span`: after it the buffer holds the final
     /// value, which is sent on to start its trip around the ring.
     pub(crate) fn recv_reduce_copy_send(&mut self, span: Span) -> Result<()> {
-        self.recv_reduce_then_send(span, true)
+        self.recv_reduce_then(span, true, true)
+    }
+
+    /// The last reduction of `span`, kept here (reduce-scatter, reduce).
+    pub(crate) fn recv_reduce(&mut self, span: Span) -> Result<()> {
+        self.recv_reduce_then(span, true, false)
     }
 
     /// Receives the final value of `span`, stores it and forwards the very
@@ -213,6 +253,66 @@ impl<'a> Prims<'a> {
         self.absorb(&mut enc, span, &p.data, None)?;
         self.last = Some(self.submit(enc)?);
         self.link.recycle(p.data);
+        Ok(())
+    }
+
+    /// Passes an empty token to the next rank and waits for the previous
+    /// rank's: after n-1 of these every rank has heard from every other.
+    pub(crate) fn relay(&mut self) -> Result<()> {
+        let data = self.link.buffer();
+        self.link.post(self.next(), self.packet(data))?;
+        let p = self.link.take(self.prev(), 0, &self.w)?;
+        self.link.recycle(p.data);
+        Ok(())
+    }
+
+    /// Sends `data` to `peer` (point to point).
+    pub(crate) fn post(&mut self, peer: usize, data: Vec<u8>) -> Result<()> {
+        let p = self.packet(data);
+        self.link.post(peer, p)
+    }
+
+    /// Receives `bytes` bytes from `peer` (point to point).
+    pub(crate) fn take(&mut self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
+        Ok(self.link.take(peer, bytes, &self.w)?.data)
+    }
+
+    /// Gives a received buffer back to the packet pool.
+    pub(crate) fn recycle(&self, data: Vec<u8>) {
+        self.link.recycle(data);
+    }
+
+    /// The first `bytes` (a multiple of 4) of the working buffer, on the host.
+    pub(crate) fn download_image(&mut self, bytes: usize) -> Result<Vec<u8>> {
+        let mut image = Vec::with_capacity(bytes);
+        let step = self.step_words(bytes / 4, 1).max(1);
+        self.reserve(step)?;
+        let mut off = 0;
+        while off < bytes / 4 {
+            let words = step.min(bytes / 4 - off);
+            self.download(self.w.dev.encoder(), Span { off, words }, &mut image)?;
+            off += words;
+        }
+        Ok(image)
+    }
+
+    /// Writes `image` (a multiple of 4 bytes) to the start of the working buffer.
+    pub(crate) fn upload_image(&mut self, image: &[u8]) -> Result<()> {
+        let step = self.step_words(image.len() / 4, 1).max(1);
+        self.reserve(step)?;
+        for (i, piece) in image.chunks(step * 4).enumerate() {
+            let mut enc = self.w.dev.encoder();
+            self.absorb(
+                &mut enc,
+                Span {
+                    off: i * step,
+                    words: piece.len() / 4,
+                },
+                piece,
+                None,
+            )?;
+            self.last = Some(self.submit(enc)?);
+        }
         Ok(())
     }
 }

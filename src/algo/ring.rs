@@ -1,17 +1,18 @@
-//! Ring all-reduce, as NCCL's `runRing` in `src/device/all_reduce.h`.
+//! Ring schedules, as NCCL's `runRing` (`src/device/all_reduce.h`,
+//! `all_gather.h`, `reduce_scatter.h`).
 //!
-//! The buffer is cut into rounds of `n` chunks. In each round, rank `r`
-//! first reduce-scatters (after n-1 steps it holds the final value of chunk
-//! `r`), then all-gathers (n-1 more steps pass every final chunk around).
-//! Chunk `c` is always reduced in the same ring order, starting at rank
-//! c+1 and ending at rank c, then copied: every rank gets the same bits, on
-//! every run. Ranks run their rounds independently, so while one rank
-//! reduces a slice its neighbour is already moving the next one.
+//! The working buffer is cut into rounds; in each round every rank moves
+//! one slice of each chunk to its next neighbour. Ranks run their rounds
+//! independently, so while one rank reduces a slice its neighbour is
+//! already moving the next one. Chunk `c` of a reduction is always reduced
+//! in the same ring order, starting at rank c+1 and ending at rank c, then
+//! copied: every rank gets the same bits, on every run.
 
 use crate::algo::prims::{Prims, Span};
 use crate::error::Result;
 
-/// All-reduces the first `words` words of the working buffer.
+/// All-reduces the first `words` words of the working buffer: reduce-scatter
+/// then all-gather, 2(n-1) steps per round.
 pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
     let (n, r) = (p.nranks, p.rank());
     if n == 1 || words == 0 {
@@ -45,6 +46,68 @@ pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
         p.recv(span(ring(1)))?;
 
         base += chunk * n;
+    }
+    Ok(())
+}
+
+/// All-gathers segments of `seg` words: segment `j` lives at word `j * seg`
+/// of the working buffer, and this rank's own segment is already in place.
+pub(crate) fn all_gather(p: &mut Prims, seg: usize) -> Result<()> {
+    let (n, r) = (p.nranks, p.rank());
+    if n == 1 || seg == 0 {
+        return Ok(());
+    }
+    let ring = |k: usize| (r + k) % n;
+    let step = p.step_words(seg, 1);
+    p.reserve(step)?;
+    let mut base = 0;
+    while base < seg {
+        let span = |j: usize| Span {
+            off: j * seg + base,
+            words: step.min(seg - base),
+        };
+        p.send(span(r))?;
+        for j in 1..n - 1 {
+            p.recv_copy_send(span(ring(n - j)))?;
+        }
+        p.recv(span(ring(1)))?;
+        base += step;
+    }
+    Ok(())
+}
+
+/// Reduce-scatters `n` chunks of `chunk` words, chunk `c` at word
+/// `c * slot` (`slot` a multiple of the alignment): afterwards this rank's
+/// own chunk holds the final reduction. n-1 steps per round.
+pub(crate) fn reduce_scatter(p: &mut Prims, slot: usize, chunk: usize) -> Result<()> {
+    let (n, r) = (p.nranks, p.rank());
+    if n == 1 || chunk == 0 {
+        return Ok(());
+    }
+    let ring = |k: usize| (r + k) % n;
+    let step = p.step_words(chunk, 1);
+    p.reserve(step)?;
+    let mut base = 0;
+    while base < chunk {
+        let span = |c: usize| Span {
+            off: c * slot + base,
+            words: step.min(chunk - base),
+        };
+        p.send(span(ring(n - 1)))?;
+        for j in 2..n {
+            p.recv_reduce_send(span(ring(n - j)))?;
+        }
+        p.recv_reduce(span(r))?;
+        base += step;
+    }
+    Ok(())
+}
+
+/// A barrier: n-1 relays of a token round the ring, after which every rank
+/// has heard (through its neighbours) from every other.
+pub(crate) fn barrier(p: &mut Prims) -> Result<()> {
+    for _ in 1..p.nranks {
+        p.relay()?;
     }
     Ok(())
 }

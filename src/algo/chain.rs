@@ -1,0 +1,55 @@
+//! Chain schedules along the ring, for rooted collectives: broadcast flows
+//! from the root to root-1, reduce flows from root+1 to the root. Slices
+//! follow each other down the chain, so a large tensor costs about one
+//! pass of the chain, not n.
+
+use crate::algo::prims::{Prims, Span};
+use crate::error::Result;
+
+/// The slices of `words` words, `step` words each (the last may be shorter).
+fn slices(step: usize, words: usize) -> impl Iterator<Item = Span> {
+    (0..words).step_by(step.max(1)).map(move |off| Span {
+        off,
+        words: step.min(words - off),
+    })
+}
+
+/// Broadcasts the first `words` words of the root's working buffer into
+/// every rank's.
+pub(crate) fn broadcast(p: &mut Prims, root: usize, words: usize) -> Result<()> {
+    let n = p.nranks;
+    if n == 1 || words == 0 {
+        return Ok(());
+    }
+    let pos = (p.rank() + n - root) % n;
+    let step = p.step_words(words, 1);
+    p.reserve(step)?;
+    for s in slices(step, words) {
+        match pos {
+            0 => p.send(s)?,
+            x if x == n - 1 => p.recv(s)?,
+            _ => p.recv_copy_send(s)?,
+        }
+    }
+    Ok(())
+}
+
+/// Reduces the first `words` words of every rank's working buffer into the
+/// root's; the others keep the partial reduction they forwarded.
+pub(crate) fn reduce(p: &mut Prims, root: usize, words: usize) -> Result<()> {
+    let n = p.nranks;
+    if n == 1 || words == 0 {
+        return Ok(());
+    }
+    let pos = (p.rank() + n - root - 1) % n;
+    let step = p.step_words(words, 1);
+    p.reserve(step)?;
+    for s in slices(step, words) {
+        match pos {
+            0 => p.send(s)?,
+            x if x == n - 1 => p.recv_reduce(s)?,
+            _ => p.recv_reduce_send(s)?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,413 @@
+//! The progress thread: runs a communicator's collectives in issue order.
+//!
+//! One thread per communicator per rank (NCCL's proxy thread, Gloo's
+//! context) takes queued ops one at a time, agrees with its ring
+//! neighbours on what runs (the fingerprint handshake), lays out the
+//! working buffers each schedule needs and runs the schedule. It publishes
+//! each op's outcome to its `Work`; a failure is also recorded for the
+//! whole group, so that peers stop waiting at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam::channel::{Receiver, RecvTimeoutError};
+
+use crate::algo::{chain, pairwise, prims::Prims, ring};
+use crate::device::{RankDevice, lock};
+use crate::error::{Error, Result};
+use crate::fingerprint::{Fingerprint, Kind};
+use crate::flight::State;
+use crate::health::{Health, Waiter};
+use crate::op::ReduceOp;
+use crate::tensor::{DType, Tensor};
+use crate::transport::{Endpoint, Packet, Stager};
+use crate::work::WorkState;
+
+/// What `split` exchanges: every parent rank's (color, key), in parent rank order.
+pub(crate) type SplitTable = Arc<Mutex<Option<Vec<(Option<u32>, usize)>>>>;
+
+/// Arguments some kinds need beyond tensors.
+pub(crate) enum Args {
+    None,
+    Root(usize),
+    Counts {
+        send: Vec<usize>,
+        recv: Vec<usize>,
+    },
+    Split {
+        color: Option<u32>,
+        key: usize,
+        table: SplitTable,
+    },
+}
+
+/// One queued collective.
+pub(crate) struct Op {
+    pub fp: Fingerprint,
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<Tensor>,
+    pub args: Args,
+    pub state: Arc<WorkState>,
+}
+
+/// The progress thread's state: everything it needs, nothing shared with
+/// callers except through the op queue, `Health` and `WorkState`.
+pub(crate) struct Progress {
+    pub rank: usize,
+    pub size: usize,
+    pub dev: Arc<RankDevice>,
+    pub endpoint: Arc<Endpoint>,
+    pub health: Arc<Health>,
+    pub stage: Stager,
+    pub timeout: Duration,
+    pub inflight: Arc<AtomicUsize>,
+    /// Issued ops whose final submission the device has not reported done.
+    pub gpu_pending: Arc<AtomicUsize>,
+}
+
+/// How often an idle progress thread polls the device while some `Work`
+/// still waits for its fence (so that futures are woken).
+const IDLE_POLL: Duration = Duration::from_millis(2);
+
+impl Progress {
+    pub(crate) fn run(mut self, rx: Receiver<Op>) {
+        loop {
+            let idle = if self.gpu_pending.load(Ordering::Acquire) > 0 {
+                IDLE_POLL
+            } else {
+                Duration::from_millis(200)
+            };
+            let op = match rx.recv_timeout(idle) {
+                Ok(op) => op,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.dev.poll_now();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            op.state.start();
+            self.health
+                .flight
+                .record(self.rank, op.fp, State::InProgress);
+            let result = match self.health.check(self.rank, op.fp.seq) {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&op)))
+                        .unwrap_or_else(|p| {
+                            Err(Error::device(
+                                self.rank,
+                                Some(op.fp.seq),
+                                format!("internal error: {}", crate::comm::panic_message(&p)),
+                            ))
+                        })
+                }
+            };
+            match result {
+                Ok(idx) => {
+                    self.health
+                        .flight
+                        .record(self.rank, op.fp, State::Completed);
+                    self.gpu_pending.fetch_add(1, Ordering::AcqRel);
+                    let (state, pending) = (op.state.clone(), self.gpu_pending.clone());
+                    op.state.issued(idx);
+                    self.dev.queue.on_submitted_work_done(move || {
+                        state.gpu_done();
+                        pending.fetch_sub(1, Ordering::AcqRel);
+                    });
+                }
+                Err(e) => {
+                    // The schedule is broken for everyone: make peers fail now, not at their timeout.
+                    let origin = match &e {
+                        Error::PeerFailed { peer, .. } => *peer,
+                        _ => self.rank,
+                    };
+                    self.health.fail(origin, e.clone());
+                    self.health.flight.record(self.rank, op.fp, State::Failed);
+                    self.stage.clear();
+                    op.state.fail(e);
+                }
+            }
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Runs one collective; returns the submission that last writes its outputs.
+    fn execute(&mut self, op: &Op) -> Result<wgpu::SubmissionIndex> {
+        let dev = self.dev.clone();
+        let (n, r) = (self.size, self.rank);
+        let waiter = Waiter {
+            dev: &dev,
+            health: &self.health,
+            rank: r,
+            fp: op.fp,
+            timeout: self.timeout,
+        };
+        // Agree on what runs before moving any data: a rank that issued
+        // something else (or nothing) is caught here, on every rank, even
+        // when one side would have sent no bytes at all.
+        if n > 1 {
+            handshake(&self.endpoint, &waiter, n)?;
+        }
+        let (reduce, finish) = match op.fp.op {
+            Some(o) if n > 1 => {
+                let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
+                (
+                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, 0)?),
+                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, divisor)?),
+                )
+            }
+            _ => (None, None),
+        };
+        let first = dev.submit(dev.encoder(), Some(op.fp.seq))?;
+        // Barrier and split move no tensor; their schedules still want a buffer.
+        let spare;
+        let buf = match op.outputs.first().or(op.inputs.first()) {
+            Some(t) => t.buffer().clone(),
+            None => {
+                spare = scratch(&dev, 4)?;
+                spare.buffer().clone()
+            }
+        };
+        let mut p = Prims {
+            w: waiter,
+            link: &self.endpoint,
+            stage: &mut self.stage,
+            buf,
+            reduce,
+            finish,
+            nranks: n,
+            last: None,
+        };
+        let (ins, outs) = (&op.inputs, &op.outputs);
+        match (op.fp.kind, &op.args) {
+            (Kind::AllReduce, _) => {
+                let (x, out) = (&ins[0], &outs[0]);
+                if x.buffer() != out.buffer() {
+                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                }
+                p.buf = out.buffer().clone();
+                ring::all_reduce(&mut p, x.words())?;
+            }
+            (Kind::AllReduceCoalesced, _) => all_reduce_coalesced(&mut p, &dev, ins, outs)?,
+            (Kind::AllGather | Kind::AllGatherCoalesced, _) => {
+                for (x, out) in ins.iter().zip(outs) {
+                    all_gather(&mut p, &dev, x, out)?;
+                }
+            }
+            (Kind::ReduceScatter | Kind::ReduceScatterCoalesced, _) => {
+                for (x, out) in ins.iter().zip(outs) {
+                    reduce_scatter(&mut p, &dev, x, out)?;
+                }
+            }
+            (Kind::Broadcast, Args::Root(root)) => {
+                let (x, out) = (&ins[0], &outs[0]);
+                if r == *root {
+                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                }
+                p.buf = out.buffer().clone();
+                chain::broadcast(&mut p, *root, x.words())?;
+            }
+            (Kind::Reduce, Args::Root(root)) => {
+                let (x, out) = (&ins[0], &outs[0]);
+                p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                p.buf = out.buffer().clone();
+                chain::reduce(&mut p, *root, x.words())?;
+            }
+            (Kind::AllToAll, Args::Counts { send, recv }) => {
+                let (x, out) = (&ins[0], &outs[0]);
+                p.buf = x.buffer().clone();
+                let elem = x.dtype().size();
+                pairwise::all_to_all(
+                    &mut p,
+                    elem,
+                    send,
+                    recv,
+                    x.used_bytes() as usize,
+                    out.buffer(),
+                    out.used_bytes() as usize,
+                )?;
+            }
+            (Kind::Barrier, _) => ring::barrier(&mut p)?,
+            (Kind::Split, Args::Split { color, key, table }) => {
+                *lock(table) = Some(split_table(&mut p, *color, *key)?);
+            }
+            (kind, _) => {
+                return Err(p.w.device_error(format!(
+                    "internal error: {} queued without its arguments",
+                    kind.name()
+                )));
+            }
+        }
+        Ok(p.last.unwrap_or(first))
+    }
+}
+
+/// Sends this rank's fingerprint to the next rank of the ring and checks
+/// the previous rank's against it.
+fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
+    let data = link.buffer();
+    link.post(
+        (w.rank + 1) % n,
+        Packet {
+            fp: w.fp,
+            from: w.rank,
+            data,
+        },
+    )?;
+    let p = link.take((w.rank + n - 1) % n, 0, w)?;
+    link.recycle(p.data);
+    Ok(())
+}
+
+/// A scratch buffer of `words` words from the device's pool.
+fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
+    Tensor::output(dev, DType::U32, words)
+}
+
+/// All-gathers `x` into `out` (n x len, rank-major).
+fn all_gather(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
+    let (n, r) = (p.nranks, p.rank());
+    let bytes = x.len() * x.dtype().size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    if bytes % 4 == 0 {
+        // Every segment starts on a word: gather in place in the output.
+        let seg = bytes / 4;
+        p.copy(
+            x.buffer(),
+            0,
+            out.buffer(),
+            (r * bytes) as u64,
+            bytes as u64,
+        )?;
+        p.buf = out.buffer().clone();
+        return ring::all_gather(p, seg);
+    }
+    // 16-bit elements, odd length: segments would start mid-word. Gather
+    // whole-word segments in scratch, then pack them on the host.
+    let seg = x.words();
+    let tmp = scratch(dev, n * seg)?;
+    p.copy(
+        x.buffer(),
+        0,
+        tmp.buffer(),
+        (r * seg * 4) as u64,
+        (seg * 4) as u64,
+    )?;
+    p.buf = tmp.buffer().clone();
+    ring::all_gather(p, seg)?;
+    let image = p.download_image(n * seg * 4)?;
+    let mut packed = Vec::with_capacity(out.used_bytes() as usize);
+    for j in 0..n {
+        packed.extend_from_slice(&image[j * seg * 4..j * seg * 4 + bytes]);
+    }
+    packed.resize(out.used_bytes() as usize, 0);
+    p.buf = out.buffer().clone();
+    p.upload_image(&packed)
+}
+
+/// Reduce-scatters `x` (n chunks) into `out` (this rank's chunk).
+fn reduce_scatter(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
+    let (n, r) = (p.nranks, p.rank());
+    let m = out.len();
+    let bytes = m * x.dtype().size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    if n == 1 {
+        return p.copy(x.buffer(), 0, out.buffer(), 0, out.used_bytes());
+    }
+    // Each chunk gets an aligned slot, so the kernels can bind it where it lies.
+    let chunk = out.words();
+    let slot = chunk.div_ceil(p.align_words()) * p.align_words();
+    let tmp = scratch(dev, n * slot)?;
+    if bytes % 4 == 0 {
+        for c in 0..n {
+            p.copy(
+                x.buffer(),
+                (c * bytes) as u64,
+                tmp.buffer(),
+                (c * slot * 4) as u64,
+                bytes as u64,
+            )?;
+        }
+    } else {
+        // 16-bit elements, odd chunk length: chunks start mid-word; cut them on the host.
+        p.buf = x.buffer().clone();
+        let image = p.download_image(x.used_bytes() as usize)?;
+        let mut slots = vec![0u8; n * slot * 4];
+        for c in 0..n {
+            slots[c * slot * 4..c * slot * 4 + bytes]
+                .copy_from_slice(&image[c * bytes..(c + 1) * bytes]);
+        }
+        p.buf = tmp.buffer().clone();
+        p.upload_image(&slots)?;
+    }
+    p.buf = tmp.buffer().clone();
+    ring::reduce_scatter(p, slot, chunk)?;
+    p.copy(
+        tmp.buffer(),
+        (r * slot * 4) as u64,
+        out.buffer(),
+        0,
+        out.used_bytes(),
+    )
+}
+
+/// All-reduces several tensors in one ring pass over their concatenation
+/// (each starting on a 16-byte unit).
+fn all_reduce_coalesced(
+    p: &mut Prims,
+    dev: &Arc<RankDevice>,
+    ins: &[Tensor],
+    outs: &[Tensor],
+) -> Result<()> {
+    let total: usize = ins.iter().map(|x| x.words()).sum();
+    if total == 0 {
+        return Ok(());
+    }
+    let flat = scratch(dev, total)?;
+    let mut off = 0u64;
+    for x in ins {
+        p.copy(x.buffer(), 0, flat.buffer(), off, x.used_bytes())?;
+        off += x.used_bytes();
+    }
+    p.buf = flat.buffer().clone();
+    ring::all_reduce(p, total)?;
+    let mut off = 0u64;
+    for out in outs {
+        p.copy(flat.buffer(), off, out.buffer(), 0, out.used_bytes())?;
+        off += out.used_bytes();
+    }
+    Ok(())
+}
+
+/// Every rank's (color, key), gathered around the ring on the host.
+fn split_table(p: &mut Prims, color: Option<u32>, key: usize) -> Result<Vec<(Option<u32>, usize)>> {
+    let (n, r) = (p.nranks, p.rank());
+    let encode = |rank: usize, color: Option<u32>, key: usize| {
+        let mut v = Vec::with_capacity(24);
+        v.extend_from_slice(&(rank as u64).to_le_bytes());
+        v.extend_from_slice(&color.map_or(u64::MAX, u64::from).to_le_bytes());
+        v.extend_from_slice(&(key as u64).to_le_bytes());
+        v
+    };
+    let word =
+        |d: &[u8], i: usize| u64::from_le_bytes(d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+    let mut table = vec![(None, 0); n];
+    table[r] = (color, key);
+    let mut carry = encode(r, color, key);
+    for _ in 1..n {
+        p.post((r + 1) % n, carry)?;
+        let d = p.take((r + n - 1) % n, 24)?;
+        let (rank, c, k) = (word(&d, 0) as usize, word(&d, 1), word(&d, 2) as usize);
+        if rank < n {
+            table[rank] = (u32::try_from(c).ok(), k);
+        }
+        carry = d;
+    }
+    p.recycle(carry);
+    Ok(table)
+}
