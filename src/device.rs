@@ -306,6 +306,13 @@ impl RankDevice {
         });
         let idx = self.submit(enc, None)?;
         self.wait(&idx, None, "a tensor read-back")?;
+        // Another thread polling this device may have collected our map
+        // callback and not run it yet: give it until the timeout.
+        let deadline = Instant::now() + self.timeout;
+        while lock(&mapped).is_none() && Instant::now() < deadline {
+            self.poll_now();
+            std::thread::yield_now();
+        }
         match lock(&mapped).take() {
             Some(Ok(())) => {}
             Some(Err(e)) => {
