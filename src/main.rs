@@ -27,7 +27,14 @@ fn main() -> ExitCode {
 
 /// Runs the sweep; `Ok(false)` when any element was wrong.
 fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
-    let ops = args::ops(&a.op)?;
+    let ops = if a.collective.reduces() {
+        args::ops(&a.op)?
+    } else {
+        vec![wgpu_collectives::ReduceOp::Sum]
+    };
+    if a.collective.rooted() && a.root >= a.ranks {
+        return Err(format!("root {} is not one of {} ranks", a.root, a.ranks).into());
+    }
     let dtypes = args::dtypes(&a.dtype)?;
     let mut config = WorldConfig::new(a.ranks).with_timeout(Duration::from_secs(a.timeout.max(1)));
     if let Some(b) = &a.backend {
@@ -46,9 +53,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             for &op in ops.iter().filter(|op| op.supports(dtype)) {
                 let row = bench::row(&world, a, dtype, op, bytes)?;
                 println!("{}", bench::line(&row));
-                wrong += row.out_of_place.wrong.unwrap_or(0) + row.in_place.wrong.unwrap_or(0);
-                busbw.push(row.out_of_place.busbw);
-                busbw.push(row.in_place.busbw);
+                for t in std::iter::once(&row.out_of_place).chain(row.in_place.as_ref()) {
+                    wrong += t.wrong.unwrap_or(0);
+                    busbw.push(t.busbw);
+                }
             }
         }
     }

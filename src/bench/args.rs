@@ -8,13 +8,28 @@ use wgpu_collectives::{DType, ReduceOp};
 pub enum Collective {
     /// all_reduce (ring: reduce-scatter then all-gather).
     AllReduce,
+    /// all_gather (ring); the size is the gathered output.
+    AllGather,
+    /// reduce_scatter (ring); the size is each rank's input.
+    ReduceScatter,
+    /// broadcast from the root (chain along the ring).
+    Broadcast,
+    /// reduce to the root (chain along the ring).
+    Reduce,
+    /// all_to_all with equal splits; the size is each rank's input.
+    AllToAll,
 }
 
 impl Collective {
     /// busbw = algbw x this factor (nccl-tests' PERFORMANCE.md).
     pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
         match self {
-            Collective::AllReduce => 2.0 * (n as f64 - 1.0) / n as f64,
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+                (n - 1.0) / n
+            }
+            Collective::Broadcast | Collective::Reduce => 1.0,
         }
     }
 
@@ -22,7 +37,30 @@ impl Collective {
     pub fn name(self) -> &'static str {
         match self {
             Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllToAll => "all_to_all",
         }
+    }
+
+    /// Whether the collective reduces (takes an op).
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+    }
+
+    /// Whether it has an in-place form.
+    pub fn has_in_place(self) -> bool {
+        self == Collective::AllReduce
+    }
+
+    /// Whether it has a root.
+    pub fn rooted(self) -> bool {
+        matches!(self, Collective::Broadcast | Collective::Reduce)
     }
 }
 
@@ -75,6 +113,10 @@ pub struct Args {
     /// Element type: f32 (float), f16 (half), bf16, i32, u32, or all.
     #[arg(short = 'd', long = "datatype", default_value = "f32")]
     pub dtype: String,
+
+    /// Root rank of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
 
     /// Number of simulated ranks.
     #[arg(long, default_value_t = 4)]

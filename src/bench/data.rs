@@ -8,6 +8,8 @@
 use half::{bf16, f16};
 use wgpu_collectives::{Communicator, DType, Element, Error, ReduceOp, Tensor};
 
+use super::args::Collective;
+
 trait Value: Element + Copy {
     fn from_i64(v: i64) -> Self;
     fn from_f64(v: f64) -> Self;
@@ -118,30 +120,65 @@ pub fn tensor(c: &Communicator, dtype: DType, op: ReduceOp, len: usize) -> Resul
     }
 }
 
-fn wrong_in<T: Value>(t: &Tensor, op: ReduceOp, n: usize) -> Result<u64, Error> {
+fn wrong_in<T: Value>(
+    t: &Tensor,
+    n: usize,
+    want: &dyn Fn(usize) -> Option<(i64, Option<f64>)>,
+) -> Result<u64, Error> {
     let got = t.to_vec::<T>()?;
     let float = !T::DTYPE.is_integer();
     Ok(got
         .iter()
         .enumerate()
-        .filter(|&(i, &g)| {
-            let (exact, avg) = expected(op, n, i);
-            match avg {
-                Some(a) if float => T::ulps(g, T::from_f64(a)) > 2,
-                Some(_) => T::ulps(g, T::from_i64(exact / n as i64)) != 0,
-                None => T::ulps(g, T::from_i64(exact)) != 0,
-            }
+        .filter(|&(i, &g)| match want(i) {
+            None => false,
+            Some((_, Some(avg))) if float => T::ulps(g, T::from_f64(avg)) > 2,
+            Some((sum, Some(_))) => T::ulps(g, T::from_i64(sum / n as i64)) != 0,
+            Some((exact, None)) => T::ulps(g, T::from_i64(exact)) != 0,
         })
         .count() as u64)
 }
 
-/// Number of elements of `t` (an all_reduce output over `n` ranks) that differ from the exact result.
-pub fn wrong(t: &Tensor, op: ReduceOp, n: usize) -> Result<u64, Error> {
+/// What element `k` of rank `rank`'s output should be (`None`: not
+/// defined, as on a reduce's non-root ranks). `per_rank` is the output
+/// length of reduce_scatter and the per-peer length of all_gather and
+/// all_to_all.
+#[allow(clippy::too_many_arguments)]
+pub fn expected_output(
+    coll: Collective,
+    op: ReduceOp,
+    n: usize,
+    rank: usize,
+    root: usize,
+    per_rank: usize,
+    k: usize,
+) -> Option<(i64, Option<f64>)> {
+    Some(match coll {
+        Collective::AllReduce => expected(op, n, k),
+        Collective::ReduceScatter => expected(op, n, rank * per_rank + k),
+        Collective::Reduce if rank == root => expected(op, n, k),
+        Collective::Reduce => return None,
+        Collective::AllGather => (input(op, k / per_rank, k % per_rank), None),
+        Collective::Broadcast => (input(op, root, k), None),
+        Collective::AllToAll => (
+            input(op, k / per_rank, rank * per_rank + k % per_rank),
+            None,
+        ),
+    })
+}
+
+/// Number of elements of `t` (a collective's output over `n` ranks) that
+/// differ from `want`.
+pub fn wrong(
+    t: &Tensor,
+    n: usize,
+    want: &dyn Fn(usize) -> Option<(i64, Option<f64>)>,
+) -> Result<u64, Error> {
     match t.dtype() {
-        DType::F32 => wrong_in::<f32>(t, op, n),
-        DType::F16 => wrong_in::<f16>(t, op, n),
-        DType::BF16 => wrong_in::<bf16>(t, op, n),
-        DType::I32 => wrong_in::<i32>(t, op, n),
-        DType::U32 => wrong_in::<u32>(t, op, n),
+        DType::F32 => wrong_in::<f32>(t, n, want),
+        DType::F16 => wrong_in::<f16>(t, n, want),
+        DType::BF16 => wrong_in::<bf16>(t, n, want),
+        DType::I32 => wrong_in::<i32>(t, n, want),
+        DType::U32 => wrong_in::<u32>(t, n, want),
     }
 }

@@ -1,11 +1,11 @@
 //! The benchmark: nccl-tests' table for collectives over simulated ranks.
 //!
-//! Per size it measures out-of-place then in-place: warm-up iterations,
-//! then `iters` collectives issued back to back on every rank and waited
-//! for, timed from a common start (an all-reduce of one element acts as
-//! the barrier). The time printed is the slowest rank's mean; algbw = S/t
-//! and busbw = algbw x the collective's bus factor, as nccl-tests defines
-//! them, so the figures compare with nccl-tests' and OpenMPI's.
+//! Per size it measures out-of-place then in-place (where the collective
+//! has one): warm-up iterations, then `iters` collectives issued back to
+//! back on every rank and waited for, timed from a common start (a
+//! barrier). The time printed is the slowest rank's mean; algbw = S/t and
+//! busbw = algbw x the collective's bus factor, as nccl-tests defines them,
+//! so the figures compare with nccl-tests' and OpenMPI's.
 
 pub mod args;
 mod data;
@@ -16,7 +16,7 @@ use wgpu_collectives::{Communicator, DType, Error, ReduceOp, Tensor, Work, World
 
 use args::{Args, Collective};
 
-/// One measured row half (out-of-place or in-place).
+/// One measured half of a row (out-of-place or in-place).
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     pub us: f64,
@@ -31,27 +31,55 @@ pub struct Row {
     pub bytes: u64,
     pub count: usize,
     pub dtype: DType,
-    pub op: ReduceOp,
+    pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
     pub out_of_place: Timing,
-    pub in_place: Timing,
+    pub in_place: Option<Timing>,
+}
+
+/// How a collective of `bytes` (nccl-tests' size) maps onto tensors.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Elements of each rank's input.
+    input: usize,
+    /// The length `data::expected_output` calls per_rank.
+    per_rank: usize,
+    /// Bytes the row reports (the size rounded to what was moved).
+    bytes: u64,
+}
+
+fn shape(coll: Collective, n: usize, dtype: DType, bytes: u64) -> Shape {
+    let count = bytes as usize / dtype.size();
+    let (input, per_rank, total) = match coll {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (count, count, count),
+        Collective::AllGather => (count / n, count / n, count / n * n),
+        Collective::ReduceScatter | Collective::AllToAll => {
+            (count / n * n, count / n, count / n * n)
+        }
+    };
+    Shape {
+        input,
+        per_rank,
+        bytes: (total * dtype.size()) as u64,
+    }
 }
 
 fn issue(
     c: &Communicator,
-    coll: Collective,
+    a: &Args,
     x: &Tensor,
     op: ReduceOp,
     in_place: bool,
 ) -> Result<Work, Error> {
-    match (coll, in_place) {
-        (Collective::AllReduce, false) => c.all_reduce(x, op),
-        (Collective::AllReduce, true) => c.all_reduce_in_place(x, op),
+    match a.collective {
+        Collective::AllReduce if in_place => c.all_reduce_in_place(x, op),
+        Collective::AllReduce => c.all_reduce(x, op),
+        Collective::AllGather => c.all_gather(x),
+        Collective::ReduceScatter => c.reduce_scatter(x, op),
+        Collective::Broadcast => c.broadcast(x, a.root),
+        Collective::Reduce => c.reduce(x, op, a.root),
+        Collective::AllToAll => c.all_to_all(x, None, None),
     }
-}
-
-fn sync(c: &Communicator) -> Result<(), Error> {
-    let t = c.zeros(DType::F32, 1)?;
-    c.all_reduce_in_place(&t, ReduceOp::Sum)?.wait().map(|_| ())
 }
 
 /// Measures one placement of one size on this rank: (mean seconds, wrong elements).
@@ -60,29 +88,31 @@ fn measure(
     a: &Args,
     dtype: DType,
     op: ReduceOp,
-    count: usize,
+    s: Shape,
     in_place: bool,
 ) -> Result<(f64, Option<u64>), Error> {
-    let x = data::tensor(c, dtype, op, count)?;
+    let x = data::tensor(c, dtype, op, s.input)?;
     for _ in 0..a.warmup {
-        issue(c, a.collective, &x, op, in_place)?.wait()?;
+        issue(c, a, &x, op, in_place)?.wait()?;
     }
-    sync(c)?;
+    c.barrier()?.wait()?;
     let start = Instant::now();
     let mut last = None;
     for _ in 0..a.iters {
-        last = Some(issue(c, a.collective, &x, op, in_place)?);
+        last = Some(issue(c, a, &x, op, in_place)?);
     }
     if let Some(w) = last {
         w.wait()?;
     }
     let secs = start.elapsed().as_secs_f64() / a.iters.max(1) as f64;
     let mut wrong = None;
+    let (n, r) = (c.size(), c.rank());
     for _ in 0..a.check {
         // Fresh input: in-place iterations have overwritten x.
-        let x = data::tensor(c, dtype, op, count)?;
-        let y = issue(c, a.collective, &x, op, in_place)?.wait()?;
-        *wrong.get_or_insert(0) += data::wrong(&y, op, c.size())?;
+        let x = data::tensor(c, dtype, op, s.input)?;
+        let y = issue(c, a, &x, op, in_place)?.wait()?;
+        let want = |k| data::expected_output(a.collective, op, n, r, a.root, s.per_rank, k);
+        *wrong.get_or_insert(0) += data::wrong(&y, n, &want)?;
     }
     Ok((secs, wrong))
 }
@@ -105,24 +135,29 @@ fn timing(bytes: u64, per_rank: Vec<(f64, Option<u64>)>, factor: f64) -> Timing 
 
 /// Runs one size for one dtype and op on every rank.
 pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> Result<Row, Error> {
-    let count = (bytes as usize) / dtype.size();
-    let bytes = (count * dtype.size()) as u64;
+    let s = shape(a.collective, world.size(), dtype, bytes);
     let factor = a.collective.bus_factor(world.size());
     let mut halves = Vec::with_capacity(2);
-    for in_place in [false, true] {
+    let placements: &[bool] = if a.collective.has_in_place() {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for &in_place in placements {
         let per_rank = world
-            .run(|c| measure(c, a, dtype, op, count, in_place))?
+            .run(|c| measure(c, a, dtype, op, s, in_place))?
             .into_iter()
             .collect::<Result<Vec<_>, Error>>()?;
-        halves.push(timing(bytes, per_rank, factor));
+        halves.push(timing(s.bytes, per_rank, factor));
     }
     Ok(Row {
-        bytes,
-        count,
+        bytes: s.bytes,
+        count: (s.bytes / dtype.size() as u64) as usize,
         dtype,
-        op,
+        op: a.collective.reduces().then_some(op),
+        root: a.collective.rooted().then_some(a.root),
         out_of_place: halves[0],
-        in_place: halves[1],
+        in_place: halves.get(1).copied(),
     })
 }
 
@@ -183,12 +218,17 @@ pub fn header(world: &World, a: &Args) -> String {
     s
 }
 
-fn half(t: &Timing) -> String {
-    let wrong = t.wrong.map_or("N/A".to_string(), |w| w.to_string());
-    format!(
-        "{:>10.1} {:>7.3} {:>7.3} {:>6}",
-        t.us, t.algbw, t.busbw, wrong
-    )
+fn half(t: Option<&Timing>) -> String {
+    match t {
+        None => format!("{:>10} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"),
+        Some(t) => {
+            let wrong = t.wrong.map_or("N/A".to_string(), |w| w.to_string());
+            format!(
+                "{:>10.1} {:>7.3} {:>7.3} {:>6}",
+                t.us, t.algbw, t.busbw, wrong
+            )
+        }
+    }
 }
 
 /// One table line, as nccl-tests prints it.
@@ -198,9 +238,9 @@ pub fn line(r: &Row) -> String {
         r.bytes,
         r.count,
         r.dtype.name(),
-        r.op.name(),
-        -1,
-        half(&r.out_of_place),
-        half(&r.in_place)
+        r.op.map_or("none", ReduceOp::name),
+        r.root.map_or(-1, |x| x as i64),
+        half(Some(&r.out_of_place)),
+        half(r.in_place.as_ref())
     )
 }
