@@ -5,19 +5,20 @@
 
 mod bench;
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use wgpu_collectives::{World, WorldConfig};
+use wgpu_collectives::{ReduceOp, World, WorldConfig};
 
 use bench::args::{self, Args};
+use bench::{ceiling, report};
 
 fn main() -> ExitCode {
     let a = Args::parse();
     match run(&a) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
@@ -25,17 +26,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the sweep; `Ok(false)` when any element was wrong.
-fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+/// Runs the sweep. Exit codes: 0 all right, 1 wrong elements, 3 average
+/// busbw below `--min-bw`, 2 an error.
+fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let ops = if a.collective.reduces() {
         args::ops(&a.op)?
     } else {
-        vec![wgpu_collectives::ReduceOp::Sum]
+        vec![ReduceOp::Sum]
     };
+    let dtypes = args::dtypes(&a.dtype)?;
     if a.collective.rooted() && a.root >= a.ranks {
         return Err(format!("root {} is not one of {} ranks", a.root, a.ranks).into());
     }
-    let dtypes = args::dtypes(&a.dtype)?;
     let mut config = WorldConfig::new(a.ranks).with_timeout(Duration::from_secs(a.timeout.max(1)));
     if let Some(b) = &a.backend {
         config = config.with_backends(wgpu::Backends::from_comma_list(b));
@@ -44,32 +46,91 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         config = config.with_adapter_name(name);
     }
     let world = World::new(config)?;
-    println!("{}", bench::header(&world, a));
+    let ceiling = ceiling::measure(&world, a.max_bytes)?;
+    print!("{}", bench::header(&world, a));
+    println!("{}", ceiling::lines(&ceiling));
+    println!("#");
+    println!("{}", bench::columns());
 
-    let mut wrong = 0u64;
-    let mut busbw = Vec::new();
+    let mut jobs = Vec::new();
     for bytes in args::sizes(a) {
         for &dtype in &dtypes {
             for &op in ops.iter().filter(|op| op.supports(dtype)) {
-                let row = bench::row(&world, a, dtype, op, bytes)?;
-                println!("{}", bench::line(&row));
-                for t in std::iter::once(&row.out_of_place).chain(row.in_place.as_ref()) {
-                    wrong += t.wrong.unwrap_or(0);
-                    busbw.push(t.busbw);
-                }
+                jobs.push((bytes, dtype, op));
             }
         }
     }
-    let avg = if busbw.is_empty() {
+    let progress = std::io::stderr().is_terminal();
+    let mut rows = Vec::with_capacity(jobs.len());
+    for (i, &(bytes, dtype, op)) in jobs.iter().enumerate() {
+        if progress {
+            eprint!(
+                "\r\x1b[K[{}/{}] {} bytes {} {}",
+                i + 1,
+                jobs.len(),
+                bytes,
+                dtype.name(),
+                op.name()
+            );
+            let _ = std::io::stderr().flush();
+        }
+        let row = bench::row(&world, a, dtype, op, bytes)?;
+        if progress {
+            eprint!("\r\x1b[K");
+        }
+        println!("{}", bench::line(&row));
+        rows.push(row);
+    }
+
+    let timings: Vec<_> = rows
+        .iter()
+        .flat_map(|r| std::iter::once(&r.out_of_place).chain(r.in_place.as_ref()))
+        .collect();
+    let wrong: u64 = timings.iter().map(|t| t.wrong.unwrap_or(0)).sum();
+    let avg = if timings.is_empty() {
         0.0
     } else {
-        busbw.iter().sum::<f64>() / busbw.len() as f64
+        timings.iter().map(|t| t.busbw).sum::<f64>() / timings.len() as f64
     };
+    let best = timings.iter().map(|t| t.busbw).fold(0.0, f64::max);
     println!(
         "# Out of bounds values : {wrong} {}",
         if wrong == 0 { "OK" } else { "FAILED" }
     );
     println!("# Avg bus bandwidth    : {avg:.3} ");
+    println!(
+        "# Best bus bandwidth   : {best:.3} GB/s = {:.0}% of the {:.3} GB/s ceiling",
+        if ceiling.busbw > 0.0 {
+            100.0 * best / ceiling.busbw
+        } else {
+            0.0
+        },
+        ceiling.busbw
+    );
     println!("#");
-    Ok(wrong == 0)
+
+    if let Some(path) = &a.json {
+        let doc = report::json(
+            a.collective.name(),
+            world.size(),
+            world.adapters(),
+            &ceiling,
+            &rows,
+            avg,
+        );
+        std::fs::write(path, doc).map_err(|e| format!("writing {path}: {e}"))?;
+    }
+    if let Some(path) = &a.plot {
+        report::plot(path, a.collective.name(), world.size(), &ceiling, &rows)?;
+    }
+    if wrong > 0 {
+        return Ok(ExitCode::from(1));
+    }
+    if let Some(min) = a.min_bw {
+        if avg < min {
+            eprintln!("average busbw {avg:.3} GB/s is below --min-bw {min} GB/s");
+            return Ok(ExitCode::from(3));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

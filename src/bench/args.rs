@@ -133,6 +133,23 @@ pub struct Args {
     /// Seconds any collective may wait for its peers.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+
+    /// Write every row and the ceiling figures to this file as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<String>,
+
+    /// Draw busbw against size (log axis) with the ceiling, as an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<String>,
+
+    /// Exit with status 3 when the average busbw (GB/s) is below this.
+    #[arg(long = "min-bw", value_name = "GB/s")]
+    pub min_bw: Option<f64>,
+
+    /// Testing aid: count every checked element as wrong (the exit status
+    /// must then say so).
+    #[arg(long, hide = true)]
+    pub corrupt: bool,
 }
 
 /// "64M" -> 67108864.

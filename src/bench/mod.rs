@@ -8,7 +8,9 @@
 //! so the figures compare with nccl-tests' and OpenMPI's.
 
 pub mod args;
+pub mod ceiling;
 mod data;
+pub mod report;
 
 use std::time::Instant;
 
@@ -111,7 +113,17 @@ fn measure(
         // Fresh input: in-place iterations have overwritten x.
         let x = data::tensor(c, dtype, op, s.input)?;
         let y = issue(c, a, &x, op, in_place)?.wait()?;
-        let want = |k| data::expected_output(a.collective, op, n, r, a.root, s.per_rank, k);
+        let want = |k| {
+            let w = data::expected_output(a.collective, op, n, r, a.root, s.per_rank, k);
+            // --corrupt: expect something no collective produces.
+            w.map(|(v, avg)| {
+                if a.corrupt {
+                    (v + 1, avg.map(|x| x + 1.0))
+                } else {
+                    (v, avg)
+                }
+            })
+        };
         *wrong.get_or_insert(0) += data::wrong(&y, n, &want)?;
     }
     Ok((secs, wrong))
@@ -161,7 +173,7 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
     })
 }
 
-/// The table's header lines.
+/// The title and the devices, above the ceiling.
 pub fn header(world: &World, a: &Args) -> String {
     let mut s = format!(
         "# {} over {} simulated ranks: minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}\n#\n# Using devices\n",
@@ -181,8 +193,12 @@ pub fn header(world: &World, a: &Args) -> String {
             info.name, info.backend, info.device_type, info.driver, info.driver_info
         );
     }
-    s += "#\n";
-    s += &format!("#{:>58}{:>34}\n", "out-of-place", "in-place");
+    s
+}
+
+/// The table's column headings.
+pub fn columns() -> String {
+    let mut s = format!("#{:>58}{:>34}\n", "out-of-place", "in-place");
     s += &format!(
         "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}\n",
         "size",

@@ -1,0 +1,193 @@
+//! The ceiling: what the machine allows, measured before the sweep, so the
+//! table can say how close the engine gets.
+//!
+//! Every hop between ranks crosses host memory (wgpu has no peer-to-peer),
+//! so on a GPU the host-device-host path bounds bus bandwidth. On a CPU
+//! adapter the "devices" are the host's own memory, which all n ranks
+//! share: busbw cannot exceed about the host memcpy bandwidth over n.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use wgpu_collectives::{Communicator, World};
+
+/// Figures in GB/s (the fence in microseconds).
+#[derive(Debug, Clone)]
+pub struct Ceiling {
+    pub bytes: u64,
+    pub device_copy: f64,
+    pub host_memcpy: f64,
+    pub round_trip: f64,
+    pub fence_us: f64,
+    /// The most busbw the machine allows, and why.
+    pub busbw: f64,
+    pub why: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn wait(dev: &wgpu::Device, idx: wgpu::SubmissionIndex) -> Result<(), String> {
+    dev.poll(wgpu::PollType::Wait {
+        submission_index: Some(idx),
+        timeout: Some(Duration::from_secs(60)),
+    })
+    .map(|_| ())
+    .map_err(|e| format!("waiting for the device: {e}"))
+}
+
+/// Maps `buf` once the submission in `enc` completes; the returned flag
+/// turns true when it has (callbacks may run on another polling thread).
+fn map_on_submit(
+    enc: &wgpu::CommandEncoder,
+    buf: &wgpu::Buffer,
+    mode: wgpu::MapMode,
+) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    enc.map_buffer_on_submit(buf, mode, .., move |_| d.store(true, Ordering::Release));
+    done
+}
+
+fn until_mapped(dev: &wgpu::Device, flag: &AtomicBool) -> Result<(), String> {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while !flag.load(Ordering::Acquire) {
+        if Instant::now() > give_up {
+            return Err("a map never completed".into());
+        }
+        let _ = dev.poll(wgpu::PollType::Poll);
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+fn buffer(dev: &wgpu::Device, size: u64, usage: wgpu::BufferUsages, mapped: bool) -> wgpu::Buffer {
+    dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("ceiling"),
+        size,
+        usage,
+        mapped_at_creation: mapped,
+    })
+}
+
+/// Measures on rank 0's device with `bytes` (clamped to 1..64 MiB) per copy.
+pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
+    use wgpu::BufferUsages as U;
+    let c: &Communicator = world.communicator(0).ok_or("no rank 0")?;
+    let (dev, queue) = (c.device(), c.queue());
+    let bytes = bytes.clamp(1 << 20, 64 << 20);
+    let reps = 5;
+
+    let (a, b) = (
+        buffer(dev, bytes, U::STORAGE | U::COPY_SRC | U::COPY_DST, false),
+        buffer(dev, bytes, U::STORAGE | U::COPY_SRC | U::COPY_DST, false),
+    );
+    let mut copy = Vec::new();
+    for i in 0..=reps {
+        let mut enc = dev.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
+        let t = Instant::now();
+        wait(dev, queue.submit([enc.finish()]))?;
+        if i > 0 {
+            copy.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+
+    let (src, mut dst) = (vec![1u8; bytes as usize], vec![0u8; bytes as usize]);
+    let mut memcpy = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        memcpy.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    std::hint::black_box(&dst);
+
+    let up = buffer(dev, bytes, U::MAP_WRITE | U::COPY_SRC, true);
+    let down = buffer(dev, bytes, U::MAP_READ | U::COPY_DST, false);
+    let mut trip = Vec::new();
+    let mut up_ready: Option<Arc<AtomicBool>> = None;
+    for i in 0..=reps {
+        let t = Instant::now();
+        if let Some(f) = &up_ready {
+            until_mapped(dev, f)?;
+        }
+        up.get_mapped_range_mut(..)
+            .map_err(|e| e.to_string())?
+            .copy_from_slice(&src);
+        up.unmap();
+        let mut enc = dev.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&up, 0, &a, 0, bytes);
+        enc.copy_buffer_to_buffer(&a, 0, &down, 0, bytes);
+        let got = map_on_submit(&enc, &down, wgpu::MapMode::Read);
+        up_ready = Some(map_on_submit(&enc, &up, wgpu::MapMode::Write));
+        wait(dev, queue.submit([enc.finish()]))?;
+        until_mapped(dev, &got)?;
+        dst.copy_from_slice(&down.get_mapped_range(..).map_err(|e| e.to_string())?);
+        down.unmap();
+        if i > 0 {
+            trip.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+
+    let mut fence = Vec::new();
+    for i in 0..=50 {
+        let mut enc = dev.create_command_encoder(&Default::default());
+        drop(enc.begin_compute_pass(&Default::default()));
+        let t = Instant::now();
+        wait(dev, queue.submit([enc.finish()]))?;
+        if i > 0 {
+            fence.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+
+    let (host_memcpy, round_trip) = (median(memcpy), median(trip));
+    let n = world.size();
+    let cpu = world
+        .adapters()
+        .iter()
+        .all(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let (busbw, why) = if cpu {
+        (
+            host_memcpy / n as f64,
+            format!(
+                "host memcpy / {n} ranks (a CPU adapter: the ranks share the host's memory bandwidth)"
+            ),
+        )
+    } else {
+        (
+            round_trip,
+            "the host-device-host round trip (every hop crosses host memory)".to_string(),
+        )
+    };
+    Ok(Ceiling {
+        bytes,
+        device_copy: median(copy),
+        host_memcpy,
+        round_trip,
+        fence_us: median(fence),
+        busbw,
+        why,
+    })
+}
+
+/// The lines printed above the table.
+pub fn lines(c: &Ceiling) -> String {
+    format!(
+        "# Ceiling (rank 0's adapter, {} MiB copies, medians):\n\
+         #   device copy (copy_buffer_to_buffer)   {:8.3} GB/s\n\
+         #   host memcpy                           {:8.3} GB/s\n\
+         #   host-device-host round trip           {:8.3} GB/s\n\
+         #   fence round trip (empty submit, wait) {:8.1} us\n\
+         #   busbw ceiling                         {:8.3} GB/s = {}",
+        c.bytes >> 20,
+        c.device_copy,
+        c.host_memcpy,
+        c.round_trip,
+        c.fence_us,
+        c.busbw,
+        c.why
+    )
+}

@@ -1,0 +1,193 @@
+//! What the benchmark writes besides the table: `--json` (every row and
+//! the ceiling) and `--plot` (busbw against size, an SVG).
+
+use std::fmt::Write;
+
+use plotters::prelude::*;
+
+use super::ceiling::Ceiling;
+use super::{Row, Timing};
+
+fn string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn number(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
+fn timing(t: &Timing) -> String {
+    format!(
+        "{{\"time_us\": {}, \"algbw_gbps\": {}, \"busbw_gbps\": {}, \"wrong\": {}}}",
+        number(t.us),
+        number(t.algbw),
+        number(t.busbw),
+        t.wrong.map_or("null".into(), |w| w.to_string())
+    )
+}
+
+/// Everything measured, as one JSON document.
+pub fn json(
+    collective: &str,
+    ranks: usize,
+    adapters: &[wgpu::AdapterInfo],
+    ceiling: &Ceiling,
+    rows: &[Row],
+    avg_busbw: f64,
+) -> String {
+    let mut s = String::from("{\n");
+    let _ = writeln!(s, "  \"collective\": {},", string(collective));
+    let _ = writeln!(s, "  \"ranks\": {ranks},");
+    let names: Vec<String> = adapters
+        .iter()
+        .map(|a| {
+            format!(
+                "{{\"name\": {}, \"backend\": {}, \"driver\": {}}}",
+                string(&a.name),
+                string(&format!("{:?}", a.backend)),
+                string(&a.driver)
+            )
+        })
+        .collect();
+    let _ = writeln!(s, "  \"adapters\": [{}],", names.join(", "));
+    let _ = writeln!(
+        s,
+        "  \"ceiling\": {{\"bytes\": {}, \"device_copy_gbps\": {}, \"host_memcpy_gbps\": {}, \"round_trip_gbps\": {}, \"fence_us\": {}, \"busbw_gbps\": {}, \"why\": {}}},",
+        ceiling.bytes,
+        number(ceiling.device_copy),
+        number(ceiling.host_memcpy),
+        number(ceiling.round_trip),
+        number(ceiling.fence_us),
+        number(ceiling.busbw),
+        string(&ceiling.why)
+    );
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
+                r.bytes,
+                r.count,
+                string(r.dtype.name()),
+                r.op.map_or("null".into(), |o| string(o.name())),
+                r.root.map_or("null".into(), |x| x.to_string()),
+                timing(&r.out_of_place),
+                r.in_place.as_ref().map_or("null".into(), timing)
+            )
+        })
+        .collect();
+    let _ = writeln!(s, "  \"rows\": [\n{}\n  ],", rows.join(",\n"));
+    let _ = writeln!(s, "  \"avg_busbw_gbps\": {}", number(avg_busbw));
+    s.push_str("}\n");
+    s
+}
+
+/// busbw against size for each (dtype, op, placement) measured, with the
+/// ceiling as a line, written as an SVG to `path`.
+pub fn plot(
+    path: &str,
+    collective: &str,
+    ranks: usize,
+    ceiling: &Ceiling,
+    rows: &[Row],
+) -> Result<(), String> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let op = r.op.map_or(String::new(), |o| format!(" {}", o.name()));
+        let halves = [
+            ("out-of-place", Some(&r.out_of_place)),
+            ("in-place", r.in_place.as_ref()),
+        ];
+        for (placement, t) in halves {
+            let Some(t) = t else { continue };
+            let name = format!("{}{op} {placement}", r.dtype.name());
+            let point = (r.bytes.max(1) as f64, t.busbw);
+            match series.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pts)) => pts.push(point),
+                None => series.push((name, vec![point])),
+            }
+        }
+    }
+    let (xmin, xmax) = rows.iter().fold((f64::MAX, 1.0f64), |(lo, hi), r| {
+        let b = r.bytes.max(1) as f64;
+        (lo.min(b), hi.max(b))
+    });
+    let xmin = if xmin > xmax { 1.0 } else { xmin };
+    let ymax = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+        .fold(ceiling.busbw, f64::max)
+        .max(1e-6)
+        * 1.15;
+
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("drawing {path}: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{collective}, {ranks} ranks: bus bandwidth"),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d((xmin..xmax * 1.01).log_scale(), 0.0..ymax)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("size (bytes, log scale)")
+        .y_desc("busbw (GB/s)")
+        .x_label_formatter(&|v| human(*v))
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            [(xmin, ceiling.busbw), (xmax, ceiling.busbw)],
+            BLACK.stroke_width(2),
+        ))
+        .map_err(|e| err(&e))?
+        .label(format!("ceiling {:.3} GB/s", ceiling.busbw))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)).point_size(3))
+            .map_err(|e| err(&e))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}
+
+fn human(bytes: f64) -> String {
+    let b = bytes.round() as u64;
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
+}
