@@ -21,6 +21,7 @@ use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
 use crate::health::Health;
 use crate::op::ReduceOp;
+use crate::profile::{Counters, Profile};
 use crate::progress::{Args, Op, Progress};
 use crate::tensor::{DType, Element, Tensor};
 use crate::transport::{Endpoint, Stager};
@@ -41,6 +42,7 @@ struct Inner {
     issuer: Mutex<Issuer>,
     /// Ops queued or running on the progress thread.
     inflight: Arc<AtomicUsize>,
+    counters: Arc<Counters>,
     progress: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -101,7 +103,10 @@ impl Communicator {
         let (tx, rx) = unbounded();
         let endpoint = Arc::new(endpoint);
         let inflight = Arc::new(AtomicUsize::new(0));
+        let counters = Arc::new(Counters::default());
         let thread = Progress {
+            counters: counters.clone(),
+            stamps: None,
             rank,
             size,
             dev: dev.clone(),
@@ -129,6 +134,7 @@ impl Communicator {
                     tx: Some(tx),
                 }),
                 inflight,
+                counters,
                 progress: Mutex::new(Some(handle)),
             }),
         })
@@ -163,6 +169,18 @@ impl Communicator {
     /// rank's device has created through the engine so far.
     pub fn resources_created(&self) -> u64 {
         self.inner.dev.resources_created()
+    }
+
+    /// Starts (or stops) recording where this communicator's collectives
+    /// spend their time on this rank; read it with [`take_profile`](Self::take_profile).
+    pub fn set_profiling(&self, on: bool) {
+        self.inner.counters.set(on);
+    }
+
+    /// The time recorded since profiling started or was last read, which
+    /// then starts again from zero.
+    pub fn take_profile(&self) -> Profile {
+        self.inner.counters.take(self.inner.dev.timestamps)
     }
 
     /// A tensor on this rank's device holding `data`.

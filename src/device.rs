@@ -29,6 +29,8 @@ pub(crate) struct RankDevice {
     pub kernels: Kernels,
     /// Whether storage buffers may also be mappable (CPU and integrated adapters).
     pub unified: bool,
+    /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
+    pub timestamps: bool,
     /// Freed tensor buffers, reused for outputs.
     pool: Mutex<BufferPool>,
     /// First error reported outside an error scope, and whether it is
@@ -56,11 +58,16 @@ impl RankDevice {
         ) && adapter
             .features()
             .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-        let required_features = if unified {
+        let mut required_features = if unified {
             wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
         } else {
             wgpu::Features::empty()
         };
+        // For the profile's kernel times; never required.
+        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        if timestamps {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some(&format!("rank {rank}")),
             required_features,
@@ -95,6 +102,7 @@ impl RankDevice {
             timeout,
             kernels: Kernels::default(),
             unified,
+            timestamps,
             pool: Mutex::new(BufferPool::default()),
             fault,
             created: AtomicU64::new(0),

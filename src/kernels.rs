@@ -148,6 +148,7 @@ impl Reducer {
         src: &wgpu::Buffer,
         src_off: u64,
         bytes: u64,
+        stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
         let size = wgpu::BufferSize::new(bytes);
         dev.count_resource();
@@ -186,7 +187,16 @@ impl Reducer {
             ));
         }
         let groups = groups as u32;
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: stamps
+                .as_ref()
+                .map(|(set, i)| wgpu::ComputePassTimestampWrites {
+                    query_set: set,
+                    beginning_of_pass_write_index: Some(*i),
+                    end_of_pass_write_index: Some(*i + 1),
+                }),
+        });
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(groups, 1, 1);

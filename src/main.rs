@@ -108,6 +108,19 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ceiling.busbw
     );
     println!("#");
+    if let Some(&(bytes, dtype, op)) = jobs.last() {
+        let profiles = bench::time_split(&world, a, dtype, op, bytes)?;
+        println!(
+            "{}",
+            bench::split_lines(
+                bytes,
+                dtype,
+                a.collective.reduces().then_some(op),
+                &profiles
+            )
+        );
+        println!("#");
+    }
 
     if let Some(path) = &a.json {
         let doc = report::json(

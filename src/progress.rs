@@ -20,6 +20,7 @@ use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
 use crate::health::{Health, Waiter};
 use crate::op::ReduceOp;
+use crate::profile::{Counters, Timestamps};
 use crate::tensor::{DType, Tensor};
 use crate::transport::{Endpoint, Packet, Stager};
 use crate::work::WorkState;
@@ -64,6 +65,9 @@ pub(crate) struct Progress {
     pub inflight: Arc<AtomicUsize>,
     /// Issued ops whose final submission the device has not reported done.
     pub gpu_pending: Arc<AtomicUsize>,
+    pub counters: Arc<Counters>,
+    /// Made on first use once profiling is on, on adapters with timestamps.
+    pub stamps: Option<Timestamps>,
 }
 
 /// How often an idle progress thread polls the device while some `Work`
@@ -160,6 +164,10 @@ impl Progress {
             _ => (None, None),
         };
         let first = dev.submit(dev.encoder(), Some(op.fp.seq))?;
+        let profiling = self.counters.enabled();
+        if profiling && dev.timestamps && self.stamps.is_none() {
+            self.stamps = Some(Timestamps::new(&dev)?);
+        }
         // Barrier and split move no tensor; their schedules still want a buffer.
         let spare;
         let buf = match op.outputs.first().or(op.inputs.first()) {
@@ -178,6 +186,12 @@ impl Progress {
             finish,
             nranks: n,
             last: None,
+            prof: profiling.then_some(&*self.counters),
+            stamps: if profiling {
+                self.stamps.as_mut()
+            } else {
+                None
+            },
         };
         let (ins, outs) = (&op.inputs, &op.outputs);
         match (op.fp.kind, &op.args) {
@@ -239,7 +253,14 @@ impl Progress {
                 )));
             }
         }
-        Ok(p.last.unwrap_or(first))
+        let last = p.last.unwrap_or(first);
+        if profiling {
+            if let Some(ts) = self.stamps.as_mut() {
+                self.counters.kernel_ns(ts.collect(&dev, op.fp.seq)?);
+            }
+            self.counters.collective();
+        }
+        Ok(last)
     }
 }
 

@@ -13,9 +13,12 @@
 //! all_to_all, and a host image of a buffer range for the layouts a device
 //! copy cannot express (16-bit elements at odd offsets).
 
+use std::time::Instant;
+
 use crate::error::Result;
 use crate::health::Waiter;
 use crate::kernels::Reducer;
+use crate::profile::{Counters, Timestamps};
 use crate::transport::{Endpoint, Packet, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.
@@ -52,6 +55,10 @@ pub(crate) struct Prims<'a> {
     pub nranks: usize,
     /// The last submission that wrote an output.
     pub last: Option<wgpu::SubmissionIndex>,
+    /// Where the time goes, when profiling is on.
+    pub prof: Option<&'a Counters>,
+    /// GPU timestamps around reductions, when profiling on an adapter that has them.
+    pub stamps: Option<&'a mut Timestamps>,
 }
 
 impl<'a> Prims<'a> {
@@ -137,13 +144,50 @@ impl<'a> Prims<'a> {
         span: Span,
         data: &mut Vec<u8>,
     ) -> Result<()> {
+        let t = Instant::now();
         let buf = self.buf.clone();
         self.stage
             .encode_download(&mut enc, &buf, span.offset(), span.bytes() as u64, &self.w)?;
         let idx = self.submit(enc)?;
         self.stage.finish_download(span.bytes(), data, &self.w)?;
         self.last = Some(idx);
+        self.took_move(t);
         Ok(())
+    }
+
+    fn took_wait(&self, since: Instant) {
+        if let Some(c) = self.prof {
+            c.waited(since);
+        }
+    }
+
+    fn took_move(&self, since: Instant) {
+        if let Some(c) = self.prof {
+            c.moved(since);
+        }
+    }
+
+    /// Receives a packet from `peer`, timing the wait.
+    fn take_packet(&self, peer: usize, bytes: usize) -> Result<Packet> {
+        let t = Instant::now();
+        let p = self.link.take(peer, bytes, &self.w);
+        self.took_wait(t);
+        p
+    }
+
+    /// Timestamp queries for the next reduction pass (reading a full batch back first).
+    fn stamp(&mut self) -> Result<Option<(wgpu::QuerySet, u32)>> {
+        let Some(ts) = self.stamps.as_deref_mut() else {
+            return Ok(None);
+        };
+        if let Some(q) = ts.next() {
+            return Ok(Some(q));
+        }
+        let spent = ts.collect(self.w.dev, self.w.fp.seq)?;
+        if let Some(c) = self.prof {
+            c.kernel_ns(spent);
+        }
+        Ok(ts.next())
     }
 
     /// Records the received bytes into `span` of the buffer, reduced with
@@ -155,24 +199,19 @@ impl<'a> Prims<'a> {
         data: &[u8],
         reducer: Option<&Reducer>,
     ) -> Result<()> {
+        let t = Instant::now();
         let buf = self.buf.clone();
-        match reducer {
-            None => self
-                .stage
-                .encode_upload(enc, data, &buf, span.offset(), &self.w),
-            Some(r) => {
-                let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
-                r.encode(
-                    self.w.dev,
-                    enc,
-                    &buf,
-                    span.offset(),
-                    &src,
-                    0,
-                    span.bytes() as u64,
-                )
-            }
-        }
+        let Some(r) = reducer else {
+            self.stage
+                .encode_upload(enc, data, &buf, span.offset(), &self.w)?;
+            self.took_move(t);
+            return Ok(());
+        };
+        let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
+        self.took_move(t);
+        let stamps = self.stamp()?;
+        let bytes = span.bytes() as u64;
+        r.encode(self.w.dev, enc, &buf, span.offset(), &src, 0, bytes, stamps)
     }
 
     fn reducer(&self, last: bool) -> Result<Reducer> {
@@ -197,7 +236,7 @@ impl<'a> Prims<'a> {
         if span.words == 0 {
             return Ok(());
         }
-        let mut p = self.link.take(self.prev(), span.bytes(), &self.w)?;
+        let mut p = self.take_packet(self.prev(), span.bytes())?;
         let r = self.reducer(last)?;
         let mut enc = self.w.dev.encoder();
         self.absorb(&mut enc, span, &p.data, Some(&r))?;
@@ -235,7 +274,7 @@ impl<'a> Prims<'a> {
         if span.words == 0 {
             return Ok(());
         }
-        let p = self.link.take(self.prev(), span.bytes(), &self.w)?;
+        let p = self.take_packet(self.prev(), span.bytes())?;
         let mut enc = self.w.dev.encoder();
         self.absorb(&mut enc, span, &p.data, None)?;
         self.last = Some(self.submit(enc)?);
@@ -248,7 +287,7 @@ impl<'a> Prims<'a> {
         if span.words == 0 {
             return Ok(());
         }
-        let p = self.link.take(self.prev(), span.bytes(), &self.w)?;
+        let p = self.take_packet(self.prev(), span.bytes())?;
         let mut enc = self.w.dev.encoder();
         self.absorb(&mut enc, span, &p.data, None)?;
         self.last = Some(self.submit(enc)?);
@@ -261,7 +300,7 @@ impl<'a> Prims<'a> {
     pub(crate) fn relay(&mut self) -> Result<()> {
         let data = self.link.buffer();
         self.link.post(self.next(), self.packet(data))?;
-        let p = self.link.take(self.prev(), 0, &self.w)?;
+        let p = self.take_packet(self.prev(), 0)?;
         self.link.recycle(p.data);
         Ok(())
     }
@@ -274,7 +313,7 @@ impl<'a> Prims<'a> {
 
     /// Receives `bytes` bytes from `peer` (point to point).
     pub(crate) fn take(&mut self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
-        Ok(self.link.take(peer, bytes, &self.w)?.data)
+        Ok(self.take_packet(peer, bytes)?.data)
     }
 
     /// Gives a received buffer back to the packet pool.

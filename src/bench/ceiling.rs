@@ -181,7 +181,7 @@ pub fn lines(c: &Ceiling) -> String {
          #   host memcpy                           {:8.3} GB/s\n\
          #   host-device-host round trip           {:8.3} GB/s\n\
          #   fence round trip (empty submit, wait) {:8.1} us\n\
-         #   busbw ceiling                         {:8.3} GB/s = {}",
+         #   bus bandwidth ceiling                 {:8.3} GB/s = {}",
         c.bytes >> 20,
         c.device_copy,
         c.host_memcpy,

@@ -14,7 +14,7 @@ pub mod report;
 
 use std::time::Instant;
 
-use wgpu_collectives::{Communicator, DType, Error, ReduceOp, Tensor, Work, World};
+use wgpu_collectives::{Communicator, DType, Error, Profile, ReduceOp, Tensor, Work, World};
 
 use args::{Args, Collective};
 
@@ -171,6 +171,72 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
         out_of_place: halves[0],
         in_place: halves.get(1).copied(),
     })
+}
+
+/// Where one collective's time goes on each rank (see `Profile`), measured
+/// over the timed iterations of one more run of `bytes`.
+pub fn time_split(
+    world: &World,
+    a: &Args,
+    dtype: DType,
+    op: ReduceOp,
+    bytes: u64,
+) -> Result<Vec<Profile>, Error> {
+    let s = shape(a.collective, world.size(), dtype, bytes);
+    world
+        .run(|c| {
+            let x = data::tensor(c, dtype, op, s.input)?;
+            for _ in 0..a.warmup.max(1) {
+                issue(c, a, &x, op, false)?.wait()?;
+            }
+            c.barrier()?.wait()?;
+            let _ = c.take_profile();
+            c.set_profiling(true);
+            for _ in 0..a.iters.max(1) {
+                issue(c, a, &x, op, false)?.wait()?;
+            }
+            c.set_profiling(false);
+            Ok(c.take_profile())
+        })?
+        .into_iter()
+        .collect()
+}
+
+/// The time-split lines: per collective, averaged over ranks.
+pub fn split_lines(bytes: u64, dtype: DType, op: Option<ReduceOp>, profiles: &[Profile]) -> String {
+    let n = profiles.len().max(1) as f64;
+    let per = |f: fn(&Profile) -> std::time::Duration| {
+        profiles
+            .iter()
+            .map(|p| f(p).as_secs_f64() * 1e3 / p.collectives.max(1) as f64)
+            .sum::<f64>()
+            / n
+    };
+    let (k, t, w) = (per(|p| p.kernels), per(|p| p.transfers), per(|p| p.waiting));
+    let total = (k + t + w).max(f64::MIN_POSITIVE);
+    let gpu = profiles.iter().all(|p| p.gpu_timestamps);
+    let mut s = format!(
+        "# Time split at {bytes} B ({} {}, out-of-place; ms per collective, mean over ranks):\n",
+        dtype.name(),
+        op.map_or("none", ReduceOp::name)
+    );
+    if gpu {
+        s += &format!(
+            "#   reduction kernels (GPU timestamps) {k:9.3} ms {:5.1}%\n",
+            100.0 * k / total
+        );
+    } else {
+        s += "#   reduction kernels                  not measured: the adapter has no TIMESTAMP_QUERY (transfers include them)\n";
+    }
+    s += &format!(
+        "#   transfers (device<->host)          {t:9.3} ms {:5.1}%\n",
+        100.0 * t / total
+    );
+    s += &format!(
+        "#   waiting for peers                  {w:9.3} ms {:5.1}%",
+        100.0 * w / total
+    );
+    s
 }
 
 /// The title and the devices, above the ceiling.

@@ -1,0 +1,271 @@
+//! The benchmark binary as a user runs it: arguments, the table (parsed
+//! back), --json, --plot, and the exit status.
+
+use std::process::{Command, Output};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-collectives"))
+        .args(args)
+        .output()
+        .expect("the benchmark binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The table's data rows, split into columns.
+fn rows(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|t| t.chars().all(|c| c.is_ascii_digit()))
+        })
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("wgpu-collectives-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn the_table_has_the_nccl_tests_columns_and_a_row_per_size() {
+    let o = bench(&[
+        "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--ranks", "2",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let header = out
+        .lines()
+        .find(|l| l.contains("busbw"))
+        .expect("a header with busbw");
+    let cols: Vec<&str> = header.trim_start_matches('#').split_whitespace().collect();
+    assert_eq!(
+        &cols[..9],
+        [
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+        ],
+        "{header}"
+    );
+    assert!(
+        out.contains("#  Rank  1 on"),
+        "each rank's adapter in the header:\n{out}"
+    );
+    for line in [
+        "device copy",
+        "host memcpy",
+        "host-device-host round trip",
+        "fence round trip",
+        "bus bandwidth ceiling",
+    ] {
+        assert!(out.contains(line), "ceiling line {line:?} missing:\n{out}");
+    }
+    let r = rows(&out);
+    let sizes: Vec<&str> = r.iter().map(|c| c[0].as_str()).collect();
+    assert_eq!(sizes, ["1024", "4096", "16384"], "{out}");
+    for c in &r {
+        assert_eq!(c.len(), 13, "{c:?}");
+        assert_eq!(
+            (c[2].as_str(), c[3].as_str(), c[4].as_str()),
+            ("float", "sum", "-1")
+        );
+        assert_eq!(
+            c[1].parse::<u64>().expect("count") * 4,
+            c[0].parse::<u64>().expect("size")
+        );
+        let (algbw, busbw): (f64, f64) =
+            (c[6].parse().expect("algbw"), c[7].parse().expect("busbw"));
+        // busbw = algbw x 2(n-1)/n = algbw on 2 ranks (to the printed precision).
+        assert!((busbw - algbw).abs() <= 0.0015, "{c:?}");
+        assert_eq!((c[8].as_str(), c[12].as_str()), ("0", "0"), "#wrong: {c:?}");
+    }
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+    assert!(out.contains("# Avg bus bandwidth"), "{out}");
+    assert!(out.contains("# Time split at 16384 B"), "{out}");
+}
+
+#[test]
+fn every_collective_runs_and_checks_its_result() {
+    for (coll, redop, root) in [
+        ("all-gather", "none", "-1"),
+        ("reduce-scatter", "max", "-1"),
+        ("broadcast", "none", "1"),
+        ("reduce", "max", "1"),
+        ("all-to-all", "none", "-1"),
+    ] {
+        let o = bench(&[
+            coll, "-b", "3K", "-e", "3K", "-n", "1", "-w", "0", "--ranks", "3", "-o", "max", "-d",
+            "i32", "-r", "1",
+        ]);
+        let out = stdout(&o);
+        assert!(
+            o.status.success(),
+            "{coll}: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = rows(&out);
+        assert_eq!(r.len(), 1, "{coll}: {out}");
+        assert_eq!(
+            (
+                r[0][2].as_str(),
+                r[0][3].as_str(),
+                r[0][4].as_str(),
+                r[0][8].as_str()
+            ),
+            ("int32", redop, root, "0"),
+            "{coll}: {out}"
+        );
+        assert_eq!(r[0][9], "N/A", "{coll} has no in-place form: {out}");
+    }
+}
+
+#[test]
+fn json_holds_every_row_and_the_ceiling() {
+    let path = temp("rows.json");
+    let o = bench(&[
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "2",
+        "-d",
+        "all",
+        "-o",
+        "sum",
+        "--json",
+        path.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("json written"))
+            .expect("valid JSON");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(doc["collective"], "all_reduce");
+    assert_eq!(doc["ranks"], 2);
+    assert_eq!(doc["adapters"].as_array().expect("adapters").len(), 2);
+    assert!(doc["ceiling"]["host_memcpy_gbps"].as_f64().expect("memcpy") > 0.0);
+    assert!(doc["ceiling"]["fence_us"].as_f64().expect("fence") > 0.0);
+    let table = rows(&stdout(&o));
+    let json_rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(json_rows.len(), 2 * 5, "two sizes x five dtypes");
+    assert_eq!(table.len(), json_rows.len());
+    for (row, line) in json_rows.iter().zip(&table) {
+        assert_eq!(row["size"].to_string(), line[0]);
+        assert_eq!(row["type"].as_str(), Some(line[2].as_str()));
+        assert_eq!(row["out_of_place"]["wrong"], 0);
+        assert!(row["in_place"]["busbw_gbps"].as_f64().is_some());
+    }
+}
+
+/// Start and end tags balance, and there is something drawn.
+fn well_formed_svg(svg: &str) -> Result<(), String> {
+    if !svg.trim_start().starts_with("<svg") || !svg.trim_end().ends_with("</svg>") {
+        return Err("not an <svg> document".into());
+    }
+    let mut stack = Vec::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find('<') {
+        let j = rest[i..].find('>').ok_or("unclosed tag")? + i;
+        let tag = &rest[i + 1..j];
+        if let Some(name) = tag.strip_prefix('/') {
+            if stack.pop() != Some(name.trim().to_string()) {
+                return Err(format!("</{name}> closes the wrong element"));
+            }
+        } else if !tag.ends_with('/') && !tag.starts_with('?') && !tag.starts_with('!') {
+            stack.push(tag.split_whitespace().next().unwrap_or("").to_string());
+        }
+        rest = &rest[j + 1..];
+    }
+    if !stack.is_empty() {
+        return Err(format!("unclosed elements: {stack:?}"));
+    }
+    if !svg.contains("<polyline") && !svg.contains("<path") {
+        return Err("no line drawn".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn plot_is_a_well_formed_svg_with_the_ceiling() {
+    let path = temp("plot.svg");
+    let o = bench(&[
+        "-b",
+        "1K",
+        "-e",
+        "16K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "2",
+        "--plot",
+        path.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    let svg = std::fs::read_to_string(&path).expect("svg written");
+    std::fs::remove_file(&path).ok();
+    well_formed_svg(&svg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(svg.contains("ceiling"), "the ceiling is labelled");
+    assert!(
+        svg.contains("float sum out-of-place") && svg.contains("float sum in-place"),
+        "both series are labelled"
+    );
+}
+
+#[test]
+fn wrong_results_and_low_bandwidth_set_the_exit_status() {
+    let o = bench(&[
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "2",
+        "--corrupt",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("FAILED"));
+    let r = rows(&stdout(&o));
+    // #wrong adds up every rank's wrong elements, as nccl-tests does.
+    assert_eq!(
+        r[0][8], "512",
+        "every element of both ranks counted wrong: {:?}",
+        r[0]
+    );
+
+    let o = bench(&[
+        "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--ranks", "2", "--min-bw", "1000000",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_message() {
+    for (args, says) in [
+        (vec!["-o", "median"], "unknown op"),
+        (vec!["-d", "f64"], "unknown datatype"),
+        (vec!["-b", "1X"], "not a byte count"),
+        (vec!["broadcast", "-r", "9", "--ranks", "2"], "root 9"),
+    ] {
+        let o = bench(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
