@@ -29,6 +29,15 @@ fn prelude(dtype: DType) -> &'static str {
     }
 }
 
+/// The WGSL of the reduction kernel for `dtype`, as the engine compiles it:
+/// entry point `main`, bindings 0 (`dst`, read-write) and 1 (`src`), override
+/// constants `OP` (0 sum, 1 prod, 2 min, 3 max, 4-6 bitwise and/or/xor) and
+/// `DIVISOR`; one invocation per 16 bytes (8 for 16-bit types), 256 per
+/// workgroup. For benchmarks and tooling.
+pub fn reduction_wgsl(dtype: DType) -> String {
+    format!("{}\n{}", prelude(dtype), REDUCE)
+}
+
 /// A reduction pipeline ready to dispatch.
 #[derive(Clone)]
 pub(crate) struct Reducer {
@@ -88,7 +97,7 @@ impl Kernels {
         if let Some(m) = lock(&self.modules).get(&dtype) {
             return Ok(m.clone());
         }
-        let source = format!("{}\n{}", prelude(dtype), REDUCE);
+        let source = reduction_wgsl(dtype);
         dev.count_resource();
         let m = dev.scoped(&format!("compiling shaders/reduce.wgsl for {dtype}"), |d| {
             d.create_shader_module(wgpu::ShaderModuleDescriptor {

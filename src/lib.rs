@@ -54,6 +54,7 @@ pub struct ReadmeDoctests;
 
 pub use comm::Communicator;
 pub use error::{Error, Result};
+pub use kernels::reduction_wgsl;
 pub use op::ReduceOp;
 pub use profile::Profile;
 pub use tensor::{DType, Element, Tensor};
