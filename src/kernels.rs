@@ -7,8 +7,8 @@
 //! costs milliseconds (lavapipe compiles with LLVM), which no collective
 //! should pay twice.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
@@ -44,6 +44,7 @@ pub(crate) struct Reducer {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     unit_bytes: u64,
+    binds: Arc<Mutex<BindCache>>,
 }
 
 #[derive(Default)]
@@ -51,6 +52,39 @@ pub(crate) struct Kernels {
     modules: Mutex<HashMap<DType, wgpu::ShaderModule>>,
     layout: Mutex<Option<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     reducers: Mutex<HashMap<(DType, u32, u32), Reducer>>,
+    binds: Arc<Mutex<BindCache>>,
+}
+
+/// (dst, dst offset, src, src offset, bytes): the windows a reduction binds.
+type BindKey = (wgpu::Buffer, u64, wgpu::Buffer, u64, u64);
+
+/// Bind groups recently used, oldest evicted first: in steady state the
+/// same windows of the same (pooled) buffers recur, and a collective then
+/// creates no wgpu resource at all. A cached bind group keeps its buffers
+/// alive, which the bound on entries keeps small.
+#[derive(Default)]
+pub(crate) struct BindCache {
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+    order: VecDeque<BindKey>,
+}
+
+/// Bind groups kept per device.
+const BIND_CACHE: usize = 512;
+
+impl BindCache {
+    fn get(&self, key: &BindKey) -> Option<wgpu::BindGroup> {
+        self.groups.get(key).cloned()
+    }
+
+    fn put(&mut self, key: BindKey, group: wgpu::BindGroup) {
+        if self.order.len() == BIND_CACHE {
+            if let Some(old) = self.order.pop_front() {
+                self.groups.remove(&old);
+            }
+        }
+        self.order.push_back(key.clone());
+        self.groups.insert(key, group);
+    }
 }
 
 impl Kernels {
@@ -88,6 +122,7 @@ impl Kernels {
             pipeline,
             layout,
             unit_bytes: dtype.unit_bytes(),
+            binds: self.binds.clone(),
         };
         lock(&self.reducers).insert(key, r.clone());
         Ok(r)
@@ -159,32 +194,12 @@ impl Reducer {
         bytes: u64,
         stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
-        let size = wgpu::BufferSize::new(bytes);
-        dev.count_resource();
-        let bind = dev.scoped("binding a reduction", |d| {
-            d.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &self.layout,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: dst,
-                            offset: dst_off,
-                            size,
-                        }),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: src,
-                            offset: src_off,
-                            size,
-                        }),
-                    },
-                ],
-            })
-        })?;
+        let key = (dst.clone(), dst_off, src.clone(), src_off, bytes);
+        let cached = lock(&self.binds).get(&key);
+        let bind = match cached {
+            Some(b) => b,
+            None => self.bind(dev, key)?,
+        };
         let groups = (bytes / self.unit_bytes).div_ceil(WORKGROUP).max(1);
         if groups > u64::from(dev.limits.max_compute_workgroups_per_dimension) {
             return Err(Error::device(
@@ -210,5 +225,38 @@ impl Reducer {
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(groups, 1, 1);
         Ok(())
+    }
+
+    /// Makes (and caches) the bind group for one reduction's windows.
+    fn bind(&self, dev: &RankDevice, key: BindKey) -> Result<wgpu::BindGroup> {
+        let (dst, dst_off, src, src_off, bytes) = &key;
+        let size = wgpu::BufferSize::new(*bytes);
+        dev.count_resource();
+        let bind = dev.scoped("binding a reduction", |d| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &self.layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: dst,
+                            offset: *dst_off,
+                            size,
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: src,
+                            offset: *src_off,
+                            size,
+                        }),
+                    },
+                ],
+            })
+        })?;
+        lock(&self.binds).put(key, bind.clone());
+        Ok(bind)
     }
 }

@@ -107,16 +107,25 @@ impl Progress {
                         })
                 }
             };
+            // Let go of the tensors before anyone hears the op is done: a
+            // caller that then drops its output must find it back in the
+            // pool, not still held here.
+            let Op {
+                fp,
+                state,
+                inputs,
+                outputs,
+                args,
+            } = op;
+            drop((inputs, outputs, args));
             match result {
                 Ok(idx) => {
-                    self.health
-                        .flight
-                        .record(self.rank, op.fp, State::Completed);
+                    self.health.flight.record(self.rank, fp, State::Completed);
                     self.gpu_pending.fetch_add(1, Ordering::AcqRel);
-                    let (state, pending) = (op.state.clone(), self.gpu_pending.clone());
-                    op.state.issued(idx);
+                    let (done, pending) = (state.clone(), self.gpu_pending.clone());
+                    state.issued(idx);
                     self.dev.queue.on_submitted_work_done(move || {
-                        state.gpu_done();
+                        done.gpu_done();
                         pending.fetch_sub(1, Ordering::AcqRel);
                     });
                 }
@@ -127,9 +136,9 @@ impl Progress {
                         _ => self.rank,
                     };
                     self.health.fail(origin, e.clone());
-                    self.health.flight.record(self.rank, op.fp, State::Failed);
+                    self.health.flight.record(self.rank, fp, State::Failed);
                     self.stage.clear();
-                    op.state.fail(e);
+                    state.fail(e);
                 }
             }
             self.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -164,6 +173,7 @@ impl Progress {
             _ => (None, None),
         };
         let first = dev.submit(dev.encoder(), Some(op.fp.seq))?;
+        self.stage.rewind();
         let profiling = self.counters.enabled();
         if profiling && dev.timestamps && self.stamps.is_none() {
             self.stamps = Some(Timestamps::new(&dev)?);

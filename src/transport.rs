@@ -237,6 +237,13 @@ impl Stager {
         }
     }
 
+    /// Starts the next collective on the first upload buffer, so that a
+    /// repeated collective binds the same buffers every time (and finds
+    /// its bind groups cached).
+    pub(crate) fn rewind(&mut self) {
+        self.next_upload = 0;
+    }
+
     /// Forgets every staging buffer: after a failed collective their map
     /// states are unknown, so they are made afresh on next use.
     pub(crate) fn clear(&mut self) {
