@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Sender, unbounded};
 
+use crate::cost::Tuning;
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
@@ -43,6 +44,7 @@ struct Inner {
     /// Ops queued or running on the progress thread.
     inflight: Arc<AtomicUsize>,
     counters: Arc<Counters>,
+    tuning: Tuning,
     progress: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -99,6 +101,7 @@ impl Communicator {
         endpoint: Endpoint,
         health: Arc<Health>,
         timeout: Duration,
+        tuning: Tuning,
     ) -> Result<Communicator> {
         let (tx, rx) = unbounded();
         let endpoint = Arc::new(endpoint);
@@ -106,6 +109,7 @@ impl Communicator {
         let counters = Arc::new(Counters::default());
         let thread = Progress {
             counters: counters.clone(),
+            tuning,
             stamps: None,
             rank,
             size,
@@ -135,6 +139,7 @@ impl Communicator {
                 }),
                 inflight,
                 counters,
+                tuning,
                 progress: Mutex::new(Some(handle)),
             }),
         })
@@ -440,6 +445,7 @@ impl Communicator {
             endpoint,
             health,
             inner.timeout,
+            inner.tuning,
         )
         .map(Some)
     }

@@ -33,6 +33,7 @@
 
 mod algo;
 mod comm;
+mod cost;
 mod device;
 mod error;
 mod fingerprint;
@@ -53,6 +54,7 @@ mod world;
 pub struct ReadmeDoctests;
 
 pub use comm::Communicator;
+pub use cost::{Algorithm, CostModel};
 pub use error::{Error, Result};
 pub use kernels::reduction_wgsl;
 pub use op::ReduceOp;

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crossbeam::channel::{Receiver, RecvTimeoutError};
 
-use crate::algo::{chain, pairwise, prims::Prims, ring};
+use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
+use crate::cost::{Algorithm, Tuning};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
@@ -66,6 +67,7 @@ pub(crate) struct Progress {
     /// Issued ops whose final submission the device has not reported done.
     pub gpu_pending: Arc<AtomicUsize>,
     pub counters: Arc<Counters>,
+    pub tuning: Tuning,
     /// Made on first use once profiling is on, on adapters with timestamps.
     pub stamps: Option<Timestamps>,
 }
@@ -211,7 +213,21 @@ impl Progress {
                     p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
                 }
                 p.buf = out.buffer().clone();
-                ring::all_reduce(&mut p, x.words())?;
+                let words = x.words();
+                // One shot only where it is one round of the ring: then it
+                // reduces in the ring's order and gives the same bits.
+                let one_round = p.step_words(words, n) * n >= words;
+                if one_round
+                    && self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot
+                    && n > 1
+                    && words > 0
+                {
+                    let stride = words.div_ceil(p.align_words()) * p.align_words();
+                    let all = scratch(&dev, n * stride)?;
+                    oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
+                } else {
+                    ring::all_reduce(&mut p, words)?;
+                }
             }
             (Kind::AllReduceCoalesced, _) => all_reduce_coalesced(&mut p, &dev, ins, outs)?,
             (Kind::AllGather | Kind::AllGatherCoalesced, _) => {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::comm::{Communicator, panic_message};
+use crate::cost::{Algorithm, CostModel, Tuning};
 use crate::device::RankDevice;
 use crate::error::{Error, Result};
 use crate::health::Health;
@@ -24,6 +25,7 @@ pub struct WorldConfig {
     backends: Option<wgpu::Backends>,
     adapter_name: Option<String>,
     timeout: Duration,
+    algorithm: Option<Algorithm>,
 }
 
 impl WorldConfig {
@@ -36,6 +38,7 @@ impl WorldConfig {
             backends: None,
             adapter_name: None,
             timeout: Duration::from_secs(60),
+            algorithm: None,
         }
     }
 
@@ -57,9 +60,29 @@ impl WorldConfig {
         self
     }
 
+    /// Forces an all-reduce algorithm, as `NCCL_ALGO` does (default: the
+    /// `WGPU_COLLECTIVES_ALGO` environment variable, else `Auto`).
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = Some(algorithm);
+        self
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks
+    }
+
+    fn algorithm(&self) -> Result<Algorithm> {
+        if let Some(a) = self.algorithm {
+            return Ok(a);
+        }
+        match std::env::var("WGPU_COLLECTIVES_ALGO") {
+            Ok(s) if !s.is_empty() => Algorithm::parse(&s).ok_or_else(|| Error::InvalidArgument {
+                rank: None,
+                what: format!("WGPU_COLLECTIVES_ALGO={s:?}: expected ring, oneshot or auto"),
+            }),
+            _ => Ok(Algorithm::Auto),
+        }
     }
 
     fn backends(&self) -> wgpu::Backends {
@@ -81,6 +104,7 @@ pub struct World {
     comms: Vec<Communicator>,
     adapters: Vec<wgpu::AdapterInfo>,
     health: Arc<Health>,
+    tuning: Tuning,
 }
 
 impl std::fmt::Debug for World {
@@ -107,32 +131,54 @@ impl World {
             });
         }
         let adapters = find_adapters(&config)?;
+        let devices = (0..n)
+            .map(|rank| RankDevice::new(rank, &adapters[rank % adapters.len()], config.timeout))
+            .collect::<Result<Vec<_>>>()?;
+        // One hop's cost, measured where rank 0 runs: it picks algorithms.
+        let tuning = Tuning {
+            algorithm: config.algorithm()?,
+            cost: CostModel::measure(&devices[0])?,
+        };
         let health = Health::new(n);
-        let mut comms = Vec::with_capacity(n);
-        let mut infos = Vec::with_capacity(n);
-        for (rank, endpoint) in mesh(n).into_iter().enumerate() {
-            let adapter = &adapters[rank % adapters.len()];
-            let dev = RankDevice::new(rank, adapter, config.timeout)?;
-            infos.push(dev.info.clone());
-            comms.push(Communicator::new(
-                rank,
-                n,
-                dev,
-                endpoint,
-                health.clone(),
-                config.timeout,
-            )?);
-        }
+        let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let comms = mesh(n)
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (endpoint, dev))| {
+                Communicator::new(
+                    rank,
+                    n,
+                    dev,
+                    endpoint,
+                    health.clone(),
+                    config.timeout,
+                    tuning,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(World {
             comms,
             adapters: infos,
             health,
+            tuning,
         })
     }
 
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.comms.len()
+    }
+
+    /// The all-reduce algorithm in force: forced by `WorldConfig` or
+    /// `WGPU_COLLECTIVES_ALGO`, else `Auto` (the cost model picks).
+    pub fn algorithm(&self) -> Algorithm {
+        self.tuning.algorithm
+    }
+
+    /// The cost model measured on rank 0's adapter when the world was made.
+    pub fn cost_model(&self) -> CostModel {
+        self.tuning.cost
     }
 
     /// The adapter each rank runs on, in rank order.

@@ -295,6 +295,58 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
+    /// `span` of the working buffer, on the host (in a pooled packet buffer).
+    pub(crate) fn fetch(&mut self, span: Span) -> Result<Vec<u8>> {
+        let mut data = self.link.buffer();
+        self.download(self.w.dev.encoder(), span, &mut data)?;
+        Ok(data)
+    }
+
+    /// Writes `data` into `span` of the working buffer (no wait).
+    pub(crate) fn store(&mut self, span: Span, data: &[u8]) -> Result<()> {
+        let mut enc = self.w.dev.encoder();
+        self.absorb(&mut enc, span, data, None)?;
+        self.last = Some(self.submit(enc)?);
+        Ok(())
+    }
+
+    /// A command encoder for steps recorded together.
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        self.w.dev.encoder()
+    }
+
+    /// Records a reduction of `src[src_word..][..span.words]` into `span` of
+    /// the working buffer, both on this device (`last`: the final one,
+    /// which applies Avg's division).
+    pub(crate) fn encode_reduce(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        span: Span,
+        src: &wgpu::Buffer,
+        src_word: usize,
+        last: bool,
+    ) -> Result<()> {
+        let r = self.reducer(last)?;
+        let stamps = self.stamp()?;
+        let buf = self.buf.clone();
+        r.encode(
+            self.w.dev,
+            enc,
+            &buf,
+            span.offset(),
+            src,
+            src_word as u64 * 4,
+            span.bytes() as u64,
+            stamps,
+        )
+    }
+
+    /// Submits steps recorded together; they write an output.
+    pub(crate) fn submit_steps(&mut self, enc: wgpu::CommandEncoder) -> Result<()> {
+        self.last = Some(self.submit(enc)?);
+        Ok(())
+    }
+
     /// Passes an empty token to the next rank and waits for the previous
     /// rank's: after n-1 of these every rank has heard from every other.
     pub(crate) fn relay(&mut self) -> Result<()> {

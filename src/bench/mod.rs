@@ -253,6 +253,23 @@ pub fn header(world: &World, a: &Args) -> String {
         a.iters,
         a.check,
     );
+    let m = world.cost_model();
+    let algo = match world.algorithm() {
+        wgpu_collectives::Algorithm::Auto => match m.one_shot_threshold(world.size()) {
+            0 => format!("auto: ring at every size on {} ranks", world.size()),
+            t => format!(
+                "auto: one-shot up to {t} B on {} ranks, ring above",
+                world.size()
+            ),
+        },
+        forced => format!("{} (forced)", forced.name()),
+    };
+    s += &format!(
+        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us)\n",
+        m.alpha.as_secs_f64() * 1e6,
+        m.beta / 1e9,
+        m.dispatch.as_secs_f64() * 1e6
+    );
     for (rank, info) in world.adapters().iter().enumerate() {
         s += &format!(
             "#  Rank {rank:2} on {} [{:?}, {:?}] driver {} {}\n",

@@ -1,0 +1,200 @@
+//! The cost model: how long a collective should take, from two measured
+//! numbers, and which all-reduce algorithm is cheaper for a size.
+//!
+//! Every hop between ranks is a device round trip through host memory, so
+//! a hop of S bytes costs about alpha + S/beta: alpha the fence round trip
+//! (submit, wait), beta the host-device-host bandwidth. Both are measured
+//! on the adapter when the world is made, never tuned constants: the same
+//! model then picks algorithms here and orders work in graph passes.
+
+use std::time::{Duration, Instant};
+
+use crate::device::RankDevice;
+use crate::error::Result;
+use crate::op::ReduceOp;
+use crate::tensor::DType;
+
+/// Which all-reduce algorithm runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// The cheaper of the two for each call, by the cost model.
+    Auto,
+    /// Ring: reduce-scatter then all-gather, 2(n-1) hops of S/n each.
+    Ring,
+    /// One shot: every rank sends its whole input to every other and
+    /// reduces all n contributions itself (2 round trips, n x the bytes).
+    OneShot,
+}
+
+impl Algorithm {
+    /// `ring`, `oneshot` or `auto` (as `WGPU_COLLECTIVES_ALGO` takes them).
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(Algorithm::Auto),
+            "ring" => Some(Algorithm::Ring),
+            "oneshot" | "one-shot" | "one_shot" => Some(Algorithm::OneShot),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::Ring => "ring",
+            Algorithm::OneShot => "oneshot",
+        }
+    }
+}
+
+/// How a group chooses its algorithms: a forced one, or the cost model's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Tuning {
+    pub algorithm: Algorithm,
+    pub cost: CostModel,
+}
+
+impl Tuning {
+    /// The all-reduce algorithm for `bytes` on `n` ranks.
+    pub(crate) fn all_reduce(&self, n: usize, bytes: usize) -> Algorithm {
+        match self.algorithm {
+            Algorithm::Auto => self.cost.all_reduce_algorithm(n, bytes),
+            forced => forced,
+        }
+    }
+}
+
+/// An alpha-beta model of one hop between ranks, plus the fixed cost of
+/// one reduction dispatch (which the one-shot pays n(n-1) times).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Fixed cost of a hop: the fence round trip.
+    pub alpha: Duration,
+    /// Bytes per second through a hop (host-device-host).
+    pub beta: f64,
+    /// Fixed cost of one small reduction dispatch.
+    pub dispatch: Duration,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+impl CostModel {
+    /// Measures alpha and beta on `dev` (a few milliseconds).
+    pub(crate) fn measure(dev: &RankDevice) -> Result<CostModel> {
+        let mut fences = Vec::new();
+        for _ in 0..9 {
+            let mut enc = dev.encoder();
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default()));
+            let t = Instant::now();
+            let idx = dev.submit(enc, None)?;
+            dev.wait(&idx, None, "a fence round trip")?;
+            fences.push(t.elapsed());
+        }
+        let bytes = 1usize << 20;
+        let buffer = dev.create_buffer(
+            "cost model",
+            bytes as u64,
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            false,
+        )?;
+        let (data, mut back) = (vec![1u8; bytes], vec![0u8; bytes]);
+        let mut trips = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            dev.write_buffer(&buffer, &data)?;
+            dev.read_buffer(&buffer, &mut back)?;
+            trips.push(t.elapsed());
+        }
+        let alpha = median(fences);
+        let trip = median(trips)
+            .saturating_sub(alpha)
+            .max(Duration::from_nanos(1));
+        Ok(CostModel {
+            alpha,
+            beta: bytes as f64 / trip.as_secs_f64(),
+            dispatch: Self::measure_dispatch(dev)?,
+        })
+    }
+
+    /// The cost of one more 16-byte f32 sum dispatch in a submission (the
+    /// pipeline is the one the first f32 sum all-reduce uses anyway).
+    fn measure_dispatch(dev: &RankDevice) -> Result<Duration> {
+        let r = dev.kernels.reducer(dev, DType::F32, ReduceOp::Sum, 0)?;
+        let usage = wgpu::BufferUsages::STORAGE;
+        let (a, b) = (
+            dev.create_buffer("cost model", 16, usage, false)?,
+            dev.create_buffer("cost model", 16, usage, false)?,
+        );
+        let time = |k: usize| -> Result<Duration> {
+            let mut enc = dev.encoder();
+            for _ in 0..k {
+                r.encode(dev, &mut enc, &a, 0, &b, 0, 16, None)?;
+            }
+            let t = Instant::now();
+            let idx = dev.submit(enc, None)?;
+            dev.wait(&idx, None, "timing dispatches")?;
+            Ok(t.elapsed())
+        };
+        time(16)?; // compile and warm
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            one.push(time(1)?);
+            many.push(time(17)?);
+        }
+        Ok(median(many).saturating_sub(median(one)) / 16)
+    }
+
+    fn hop(&self, bytes: f64) -> f64 {
+        self.alpha.as_secs_f64() + bytes / self.beta
+    }
+
+    /// Estimated ring all-reduce time: 2(n-1) hops of S/n, n-1 reductions.
+    pub fn ring_all_reduce(&self, n: usize, bytes: usize) -> Duration {
+        if n < 2 {
+            return Duration::ZERO;
+        }
+        let hops = 2.0 * (n - 1) as f64 * self.hop(bytes as f64 / n as f64);
+        Duration::from_secs_f64(hops + (n - 1) as f64 * self.dispatch.as_secs_f64())
+    }
+
+    /// Estimated one-shot all-reduce time: S out to the host, n
+    /// contributions back in, and n(n-1) reductions (each chunk reduced in
+    /// the ring's order, so that both give the same bits).
+    pub fn one_shot_all_reduce(&self, n: usize, bytes: usize) -> Duration {
+        if n < 2 {
+            return Duration::ZERO;
+        }
+        let hops = self.hop(bytes as f64) + self.hop(n as f64 * bytes as f64);
+        Duration::from_secs_f64(hops + (n * (n - 1)) as f64 * self.dispatch.as_secs_f64())
+    }
+
+    /// The cheaper all-reduce for `bytes` on `n` ranks (the ring on ties).
+    pub fn all_reduce_algorithm(&self, n: usize, bytes: usize) -> Algorithm {
+        if self.one_shot_all_reduce(n, bytes) < self.ring_all_reduce(n, bytes) {
+            Algorithm::OneShot
+        } else {
+            Algorithm::Ring
+        }
+    }
+
+    /// The largest size for which one shot is the cheaper (0: never).
+    pub fn one_shot_threshold(&self, n: usize) -> usize {
+        // Both costs are linear in S; find where they cross.
+        let (mut lo, mut hi) = (0usize, 1usize << 34);
+        if self.all_reduce_algorithm(n, 1) != Algorithm::OneShot {
+            return 0;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.all_reduce_algorithm(n, mid) == Algorithm::OneShot {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
