@@ -78,6 +78,22 @@ struct Call {
 }
 
 impl Call {
+    /// A call that moves no tensor (barrier, split): `out` is an empty
+    /// placeholder so that its `Work` has something to return.
+    fn control(kind: Kind, out: Tensor, args: Args) -> Call {
+        Call {
+            kind,
+            inputs: Vec::new(),
+            outputs: vec![out],
+            dtype: DType::F32,
+            len: 0,
+            op: None,
+            root: None,
+            shape: 0,
+            args,
+        }
+    }
+
     fn new(kind: Kind, x: &Tensor, out: Tensor) -> Call {
         Call {
             kind,
@@ -313,17 +329,7 @@ impl Communicator {
     /// Completes once every rank has called it.
     pub fn barrier(&self) -> Result<Work> {
         let out = self.output(DType::F32, 0)?;
-        self.issue(Call {
-            kind: Kind::Barrier,
-            inputs: Vec::new(),
-            outputs: vec![out],
-            dtype: DType::F32,
-            len: 0,
-            op: None,
-            root: None,
-            shape: 0,
-            args: Args::None,
-        })
+        self.issue(Call::control(Kind::Barrier, out, Args::None))
     }
 
     /// All-reduces several tensors of one dtype in one ring pass over their
@@ -393,21 +399,12 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: usize) -> Result<Option<Communicator>> {
         let table = Arc::new(Mutex::new(None));
         let out = self.output(DType::F32, 0)?;
-        let work = self.issue(Call {
-            kind: Kind::Split,
-            inputs: Vec::new(),
-            outputs: vec![out],
-            dtype: DType::F32,
-            len: 0,
-            op: None,
-            root: None,
-            shape: 0,
-            args: Args::Split {
-                color,
-                key,
-                table: table.clone(),
-            },
-        })?;
+        let args = Args::Split {
+            color,
+            key,
+            table: table.clone(),
+        };
+        let work = self.issue(Call::control(Kind::Split, out, args))?;
         let seq = work.seq();
         work.wait()?;
         let Some(color) = color else { return Ok(None) };

@@ -271,28 +271,32 @@ impl<'a> Prims<'a> {
     /// Receives the final value of `span`, stores it and forwards the very
     /// same bytes (no device round trip).
     pub(crate) fn recv_copy_send(&mut self, span: Span) -> Result<()> {
-        if span.words == 0 {
-            return Ok(());
+        if let Some(data) = self.recv_store(span)? {
+            let next = self.next();
+            self.link.post(next, self.packet(data))?;
         }
-        let p = self.take_packet(self.prev(), span.bytes())?;
-        let mut enc = self.w.dev.encoder();
-        self.absorb(&mut enc, span, &p.data, None)?;
-        self.last = Some(self.submit(enc)?);
-        let next = self.next();
-        self.link.post(next, self.packet(p.data))
+        Ok(())
     }
 
     /// Receives the final value of `span` and stores it.
     pub(crate) fn recv(&mut self, span: Span) -> Result<()> {
+        if let Some(data) = self.recv_store(span)? {
+            self.link.recycle(data);
+        }
+        Ok(())
+    }
+
+    /// Receives `span` from the previous rank and stores it (no wait);
+    /// returns the received bytes, `None` for an empty span.
+    fn recv_store(&mut self, span: Span) -> Result<Option<Vec<u8>>> {
         if span.words == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let p = self.take_packet(self.prev(), span.bytes())?;
         let mut enc = self.w.dev.encoder();
         self.absorb(&mut enc, span, &p.data, None)?;
         self.last = Some(self.submit(enc)?);
-        self.link.recycle(p.data);
-        Ok(())
+        Ok(Some(p.data))
     }
 
     /// `span` of the working buffer, on the host (in a pooled packet buffer).
