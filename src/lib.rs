@@ -38,6 +38,7 @@ mod device;
 mod error;
 mod fingerprint;
 mod flight;
+pub mod graph;
 mod health;
 mod kernels;
 mod op;

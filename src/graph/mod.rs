@@ -1,0 +1,32 @@
+//! Traced graphs whose collectives are functional ops.
+//!
+//! In PyTorch's compiled path a collective returns an async tensor and a
+//! separate `wait_tensor` makes it ready. Tracing puts every wait right
+//! after its collective (always correct, never overlapped); passes then
+//! move waits to just before first use and collectives up to just after
+//! their inputs, so compute runs while the ring does. Two real bugs shaped
+//! this module: `wait_tensor` once had a schema claiming it was pure, so
+//! dead-code elimination dropped waits; and a collective whose result one
+//! rank did not use was dropped on that rank only, so the others hung.
+//! Here every op has a schema and an effect: `wait_tensor` mutates its
+//! input (`Tensor(a!)`), collectives are ordered effects, and no pass ever
+//! drops or reorders either.
+//!
+//! - `ir`: the graph, its ops, and the printer (one stable line per node).
+//! - `schema`: each op's schema in PyTorch's notation, and its effect.
+//! - `trace`: building graphs from code shaped like eager code.
+//! - `verify`: the invariants every pass must keep.
+//! - `passes`: `dce`, `sink_waits`, `raise_comms`, `bucket_all_reduces`.
+//! - `filecheck`: checks that lines appear in order (as LLVM's FileCheck).
+
+pub mod filecheck;
+pub mod ir;
+pub mod passes;
+pub mod schema;
+pub mod trace;
+pub mod verify;
+
+pub use ir::{Graph, Node, NodeId, Op};
+pub use schema::{Effect, effect, schema};
+pub use trace::Tracer;
+pub use verify::verify;

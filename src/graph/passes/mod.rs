@@ -1,0 +1,23 @@
+//! Passes: each a function from graph to graph that keeps `verify`'s
+//! invariants, with its own tests.
+
+mod bucket;
+mod dce;
+mod raise;
+mod sink;
+
+pub use bucket::{DEFAULT_BUCKET_BYTES, bucket_all_reduces};
+pub use dce::dce;
+pub use raise::raise_comms;
+pub use sink::sink_waits;
+
+use super::ir::{Graph, NodeId};
+
+/// Moves node `id` to position `to` of the order (counted after removal).
+fn move_to(g: &mut Graph, id: NodeId, to: usize) {
+    if let Some(from) = g.nodes.iter().position(|n| n.id == id) {
+        let node = g.nodes.remove(from);
+        let to = to.min(g.nodes.len());
+        g.nodes.insert(to, node);
+    }
+}
