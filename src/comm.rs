@@ -204,6 +204,10 @@ impl Communicator {
         self.inner.counters.take(self.inner.dev.timestamps)
     }
 
+    pub(crate) fn rank_device(&self) -> &Arc<RankDevice> {
+        &self.inner.dev
+    }
+
     /// A tensor on this rank's device holding `data`.
     pub fn tensor<T: Element>(&self, data: &[T]) -> Result<Tensor> {
         Tensor::from_slice(&self.inner.dev, data)

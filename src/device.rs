@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::compute::Compute;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 
@@ -27,6 +28,8 @@ pub(crate) struct RankDevice {
     pub timeout: Duration,
     /// Compiled kernels, made once per device.
     pub kernels: Kernels,
+    /// The graph executor's compute kernels, made on first use.
+    pub compute: Compute,
     /// Whether storage buffers may also be mappable (CPU and integrated adapters).
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
@@ -101,6 +104,7 @@ impl RankDevice {
             limits,
             timeout,
             kernels: Kernels::default(),
+            compute: Compute::default(),
             unified,
             timestamps,
             pool: Mutex::new(BufferPool::default()),
@@ -230,6 +234,66 @@ impl RankDevice {
         let mut enc = self.encoder();
         enc.clear_buffer(buffer, 0, None);
         self.submit(enc, None).map(|_| ())
+    }
+
+    /// Waits for everything submitted so far (bounded by the timeout).
+    pub(crate) fn finish_all(&self) -> Result<()> {
+        let idx = self.submit(self.encoder(), None)?;
+        self.wait(&idx, None, "the submitted work")
+    }
+
+    /// A new f32-or-any tensor of `len` elements holding `parts` one after
+    /// another (their dtype; byte offsets must be whole words).
+    pub(crate) fn concat(
+        self: &Arc<Self>,
+        parts: &[crate::tensor::Tensor],
+        len: usize,
+    ) -> Result<crate::tensor::Tensor> {
+        let dtype = parts
+            .first()
+            .map_or(crate::tensor::DType::F32, |t| t.dtype());
+        let out = crate::tensor::Tensor::output(self, dtype, len)?;
+        let mut enc = self.encoder();
+        let mut off = 0u64;
+        for p in parts {
+            let bytes = (p.len() * dtype.size()) as u64;
+            if bytes % 4 != 0 || off % 4 != 0 {
+                return Err(Error::invalid(
+                    self.rank,
+                    "concat of 16-bit tensors of odd length",
+                ));
+            }
+            if bytes > 0 {
+                enc.copy_buffer_to_buffer(p.buffer(), 0, out.buffer(), off, bytes);
+            }
+            off += bytes;
+        }
+        self.submit(enc, None)?;
+        Ok(out)
+    }
+
+    /// A new tensor of elements `start..start + len` of `t`.
+    pub(crate) fn slice(
+        self: &Arc<Self>,
+        t: &crate::tensor::Tensor,
+        start: usize,
+        len: usize,
+    ) -> Result<crate::tensor::Tensor> {
+        let size = t.dtype().size();
+        let out = crate::tensor::Tensor::output(self, t.dtype(), len)?;
+        let (off, bytes) = ((start * size) as u64, (len * size) as u64);
+        if off % 4 != 0 || bytes % 4 != 0 {
+            return Err(Error::invalid(
+                self.rank,
+                "split of 16-bit tensors at odd offsets",
+            ));
+        }
+        if bytes > 0 {
+            let mut enc = self.encoder();
+            enc.copy_buffer_to_buffer(t.buffer(), off, out.buffer(), 0, bytes);
+            self.submit(enc, None)?;
+        }
+        Ok(out)
     }
 
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {

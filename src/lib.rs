@@ -33,6 +33,7 @@
 
 mod algo;
 mod comm;
+mod compute;
 mod cost;
 mod device;
 mod error;

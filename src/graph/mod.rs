@@ -16,9 +16,11 @@
 //! - `schema`: each op's schema in PyTorch's notation, and its effect.
 //! - `trace`: building graphs from code shaped like eager code.
 //! - `verify`: the invariants every pass must keep.
+//! - `exec`: runs a graph on a rank (kernels, async collectives, waits), with a timeline.
 //! - `passes`: `dce`, `sink_waits`, `raise_comms`, `bucket_all_reduces`.
 //! - `filecheck`: checks that lines appear in order (as LLVM's FileCheck).
 
+pub mod exec;
 pub mod filecheck;
 pub mod ir;
 pub mod passes;
@@ -26,6 +28,7 @@ pub mod schema;
 pub mod trace;
 pub mod verify;
 
+pub use exec::{Event, Lane, Run, chrome_trace, execute};
 pub use ir::{Graph, Node, NodeId, Op};
 pub use schema::{Effect, effect, schema};
 pub use trace::Tracer;

@@ -1,0 +1,294 @@
+//! Compute ops (matmul, element-wise, sum over rows) as WGSL kernels, for
+//! the graph executor: the work that collectives overlap with.
+//!
+//! f32 only: these exist to give graphs real compute to schedule, not to
+//! be a tensor library. Every kernel sums in a fixed order, so results are
+//! the same bits on every rank and in every schedule.
+
+use std::sync::{Arc, Mutex};
+
+use crate::device::{RankDevice, lock};
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../shaders/compute.wgsl");
+
+/// The element-wise ops, as `shaders/compute.wgsl` numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Elementwise {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Scale = 3,
+    Relu = 4,
+    ReluGrad = 5,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Dims {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    factor: f32,
+    len: u32,
+    pad: [u32; 2],
+}
+
+/// The compute pipelines of one device, made on first use.
+#[derive(Default)]
+pub(crate) struct Compute {
+    pipelines: Mutex<Option<Arc<Pipelines>>>,
+}
+
+struct Pipelines {
+    layout: wgpu::BindGroupLayout,
+    matmul: wgpu::ComputePipeline,
+    elementwise: wgpu::ComputePipeline,
+    sum_rows: wgpu::ComputePipeline,
+}
+
+fn f32_only(dev: &RankDevice, t: &Tensor) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::invalid(
+            dev.rank,
+            format!("compute ops take f32 tensors, got {}", t.dtype()),
+        ));
+    }
+    Ok(())
+}
+
+impl Compute {
+    fn pipelines(&self, dev: &RankDevice) -> Result<Arc<Pipelines>> {
+        let mut slot = lock(&self.pipelines);
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        use wgpu::BufferBindingType as B;
+        dev.count_resource();
+        let made = dev.scoped("compiling shaders/compute.wgsl", |d| {
+            let layout = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("compute"),
+                entries: &[
+                    entry(0, B::Uniform),
+                    entry(1, B::Storage { read_only: true }),
+                    entry(2, B::Storage { read_only: true }),
+                    entry(3, B::Storage { read_only: false }),
+                ],
+            });
+            let pl = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("compute"),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("compute.wgsl"),
+                source: wgpu::ShaderSource::Wgsl(SOURCE.into()),
+            });
+            let pipeline = |entry: &str| {
+                d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            };
+            Pipelines {
+                matmul: pipeline("matmul"),
+                elementwise: pipeline("elementwise"),
+                sum_rows: pipeline("sum_rows"),
+                layout,
+            }
+        })?;
+        let made = Arc::new(made);
+        *slot = Some(made.clone());
+        Ok(made)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        dev: &Arc<RankDevice>,
+        which: fn(&Pipelines) -> &wgpu::ComputePipeline,
+        dims: Dims,
+        a: &Tensor,
+        b: &Tensor,
+        out_len: usize,
+        groups: (u32, u32),
+    ) -> Result<Tensor> {
+        let p = self.pipelines(dev)?;
+        let out = Tensor::output(dev, DType::F32, out_len)?;
+        if out_len == 0 {
+            return Ok(out);
+        }
+        let uniform = dev.create_buffer(
+            "compute dims",
+            32,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            false,
+        )?;
+        dev.write_buffer(&uniform, bytemuck::bytes_of(&dims))?;
+        dev.count_resource();
+        let bind = dev.scoped("binding a compute op", |d| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &p.layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: uniform.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: a.buffer().as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: b.buffer().as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: out.buffer().as_entire_binding(),
+                    },
+                ],
+            })
+        })?;
+        let mut enc = dev.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(which(&p));
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(groups.0.max(1), groups.1.max(1), 1);
+        }
+        dev.submit(enc, None)?;
+        Ok(out)
+    }
+
+    /// `a @ b` for 2-D `a` (`[m, k]`, or `[k, m]` transposed) and `b`
+    /// (`[k, n]`, or `[n, k]` transposed).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &self,
+        dev: &Arc<RankDevice>,
+        a: &Tensor,
+        b: &Tensor,
+        m: usize,
+        k: usize,
+        n: usize,
+        ta: bool,
+        tb: bool,
+    ) -> Result<Tensor> {
+        f32_only(dev, a)?;
+        f32_only(dev, b)?;
+        if a.len() != m * k || b.len() != k * n {
+            return Err(Error::invalid(
+                dev.rank,
+                format!(
+                    "matmul of {} and {} elements as [{m}, {k}] x [{k}, {n}]",
+                    a.len(),
+                    b.len()
+                ),
+            ));
+        }
+        let dims = Dims {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            flags: u32::from(ta) | (u32::from(tb) << 1),
+            factor: 0.0,
+            len: 0,
+            pad: [0; 2],
+        };
+        self.run(
+            dev,
+            |p| &p.matmul,
+            dims,
+            a,
+            b,
+            m * n,
+            ((n as u32).div_ceil(8), (m as u32).div_ceil(8)),
+        )
+    }
+
+    /// An element-wise op (`b` is ignored by the unary ones; pass `a`).
+    pub(crate) fn elementwise(
+        &self,
+        dev: &Arc<RankDevice>,
+        op: Elementwise,
+        a: &Tensor,
+        b: &Tensor,
+        factor: f32,
+    ) -> Result<Tensor> {
+        f32_only(dev, a)?;
+        f32_only(dev, b)?;
+        if b.len() != a.len() {
+            return Err(Error::invalid(
+                dev.rank,
+                format!("element-wise op on {} and {} elements", a.len(), b.len()),
+            ));
+        }
+        let len = a.len();
+        let dims = Dims {
+            m: 0,
+            n: 0,
+            k: 0,
+            flags: op as u32,
+            factor,
+            len: len as u32,
+            pad: [0; 2],
+        };
+        let groups = (len as u32).div_ceil(256);
+        let x = groups.min(dev.limits.max_compute_workgroups_per_dimension);
+        self.run(
+            dev,
+            |p| &p.elementwise,
+            dims,
+            a,
+            b,
+            len,
+            (x, groups.div_ceil(x.max(1))),
+        )
+    }
+
+    /// Sum over the `m` rows of `a` (`[m, n]`): `[n]`.
+    pub(crate) fn sum_rows(
+        &self,
+        dev: &Arc<RankDevice>,
+        a: &Tensor,
+        m: usize,
+        n: usize,
+    ) -> Result<Tensor> {
+        f32_only(dev, a)?;
+        let dims = Dims {
+            m: m as u32,
+            n: n as u32,
+            k: 0,
+            flags: 0,
+            factor: 0.0,
+            len: 0,
+            pad: [0; 2],
+        };
+        self.run(
+            dev,
+            |p| &p.sum_rows,
+            dims,
+            a,
+            a,
+            n,
+            ((n as u32).div_ceil(64), 1),
+        )
+    }
+}

@@ -1,0 +1,346 @@
+//! Runs a graph on one rank: compute ops as kernels on the rank's device,
+//! collectives issued asynchronously on its communicator, and each
+//! `wait_tensor` as the fence wait on the collective's `Work`. Between a
+//! collective and its wait, the compute the schedule put there runs while
+//! the ring does; the timeline shows it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::ir::{Graph, Node, NodeId, Op};
+use crate::comm::Communicator;
+use crate::compute::Elementwise;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use crate::work::Work;
+
+/// Which lane of the timeline an event belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Kernels of compute ops.
+    Compute,
+    /// A collective, from its issue to the end of its wait.
+    Comm,
+}
+
+/// One span of the timeline, in microseconds from the start of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The node, as the printer names it (`%4 all_reduce`).
+    pub name: String,
+    /// Compute or communication.
+    pub lane: Lane,
+    /// Start.
+    pub start_us: f64,
+    /// End.
+    pub end_us: f64,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The graph's outputs, in order.
+    pub outputs: Vec<Tensor>,
+    /// Compute and communication spans (empty unless asked for).
+    pub timeline: Vec<Event>,
+}
+
+/// A collective in flight, shared by the `getitem`s of a coalesced one.
+struct Pending {
+    work: Option<Work>,
+    results: Option<Vec<Tensor>>,
+    issued: f64,
+    name: String,
+}
+
+#[derive(Clone)]
+enum Value {
+    Ready(Tensor),
+    Pending(Rc<RefCell<Pending>>, usize),
+}
+
+fn missing(rank: usize, what: String) -> Error {
+    Error::InvalidArgument {
+        rank: Some(rank),
+        what,
+    }
+}
+
+/// Runs `g` on this rank with the named `inputs`. With `timeline`, each
+/// compute op is waited for so that its span is its real duration.
+pub fn execute(
+    g: &Graph,
+    comm: &Communicator,
+    inputs: &[(&str, Tensor)],
+    timeline: bool,
+) -> Result<Run> {
+    let dev = comm.rank_device().clone();
+    let rank = comm.rank();
+    let start = Instant::now();
+    let now = || start.elapsed().as_secs_f64() * 1e6;
+    let mut values: HashMap<NodeId, Value> = HashMap::new();
+    let mut events = Vec::new();
+    let mut outputs = Vec::new();
+    for n in &g.nodes {
+        let ready = |id: NodeId| -> Result<Tensor> {
+            match values.get(&id) {
+                Some(Value::Ready(t)) => Ok(t.clone()),
+                Some(Value::Pending(..)) => Err(missing(
+                    rank,
+                    format!("%{} reads %{id} before its wait_tensor", n.id),
+                )),
+                None => Err(missing(
+                    rank,
+                    format!("%{} reads %{id}, which has no value", n.id),
+                )),
+            }
+        };
+        let arg =
+            |i: usize| -> Result<Tensor> { ready(n.args.get(i).copied().unwrap_or(usize::MAX)) };
+        let shape_of = |i: usize| -> Vec<usize> {
+            n.args
+                .get(i)
+                .and_then(|&a| g.node(a))
+                .map(|a| a.shape.clone())
+                .unwrap_or_default()
+        };
+        let t0 = now();
+        let compute = |t: Result<Tensor>| -> Result<Value> { t.map(Value::Ready) };
+        let value = match &n.op {
+            Op::Input(name) => {
+                let t = inputs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, t)| t.clone())
+                    .ok_or_else(|| missing(rank, format!("no input named {name:?}")))?;
+                if t.len() != n.len() {
+                    return Err(missing(
+                        rank,
+                        format!(
+                            "input {name:?} has {} elements, the graph expects {:?}",
+                            t.len(),
+                            n.shape
+                        ),
+                    ));
+                }
+                Some(Value::Ready(t))
+            }
+            Op::Output => {
+                outputs = n.args.iter().map(|&a| ready(a)).collect::<Result<_>>()?;
+                None
+            }
+            Op::Matmul {
+                transpose_a,
+                transpose_b,
+            } => {
+                let sa = shape_of(0);
+                let (m, k) = if *transpose_a {
+                    (sa[1], sa[0])
+                } else {
+                    (sa[0], sa[1])
+                };
+                let nn = n.shape.get(1).copied().unwrap_or(0);
+                Some(compute(dev.compute.matmul(
+                    &dev,
+                    &arg(0)?,
+                    &arg(1)?,
+                    m,
+                    k,
+                    nn,
+                    *transpose_a,
+                    *transpose_b,
+                ))?)
+            }
+            Op::Add | Op::Sub | Op::Mul | Op::ReluGrad => {
+                let e = match n.op {
+                    Op::Add => Elementwise::Add,
+                    Op::Sub => Elementwise::Sub,
+                    Op::Mul => Elementwise::Mul,
+                    _ => Elementwise::ReluGrad,
+                };
+                Some(compute(dev.compute.elementwise(
+                    &dev,
+                    e,
+                    &arg(0)?,
+                    &arg(1)?,
+                    0.0,
+                ))?)
+            }
+            Op::Scale(f) => {
+                let a = arg(0)?;
+                Some(compute(dev.compute.elementwise(
+                    &dev,
+                    Elementwise::Scale,
+                    &a,
+                    &a,
+                    *f,
+                ))?)
+            }
+            Op::Relu => {
+                let a = arg(0)?;
+                Some(compute(dev.compute.elementwise(
+                    &dev,
+                    Elementwise::Relu,
+                    &a,
+                    &a,
+                    0.0,
+                ))?)
+            }
+            Op::SumRows => {
+                let s = shape_of(0);
+                Some(compute(dev.compute.sum_rows(
+                    &dev,
+                    &arg(0)?,
+                    s[0],
+                    s.get(1).copied().unwrap_or(1),
+                ))?)
+            }
+            Op::Reshape => Some(Value::Ready(arg(0)?)),
+            Op::Concat => {
+                let parts = (0..n.args.len()).map(arg).collect::<Result<Vec<_>>>()?;
+                Some(Value::Ready(dev.concat(&parts, n.len())?))
+            }
+            Op::Split { parts, index } => {
+                let a = arg(0)?;
+                let len = a.len() / (*parts).max(1);
+                Some(Value::Ready(dev.slice(&a, index * len, len)?))
+            }
+            op if op.is_collective() => {
+                let work = issue(
+                    comm,
+                    n,
+                    &n.args
+                        .iter()
+                        .map(|&a| ready(a))
+                        .collect::<Result<Vec<_>>>()?,
+                )?;
+                let p = Pending {
+                    work: Some(work),
+                    results: None,
+                    issued: t0,
+                    name: format!("%{} {}", n.id, n.op.name()),
+                };
+                Some(Value::Pending(Rc::new(RefCell::new(p)), 0))
+            }
+            Op::Item(i) => match values.get(&n.args[0]) {
+                Some(Value::Pending(p, _)) => Some(Value::Pending(p.clone(), *i)),
+                _ => {
+                    return Err(missing(
+                        rank,
+                        format!(
+                            "getitem %{} of %{}, which is no collective",
+                            n.id, n.args[0]
+                        ),
+                    ));
+                }
+            },
+            Op::WaitTensor => {
+                let Some(Value::Pending(p, i)) = values.get(&n.args[0]).cloned() else {
+                    return Err(missing(
+                        rank,
+                        format!(
+                            "wait_tensor %{} on %{}, which is no collective result",
+                            n.id, n.args[0]
+                        ),
+                    ));
+                };
+                let mut p = p.borrow_mut();
+                if p.results.is_none() {
+                    let work = p
+                        .work
+                        .take()
+                        .ok_or_else(|| missing(rank, format!("%{} waited twice", n.id)))?;
+                    p.results = Some(work.wait_all()?);
+                    if timeline {
+                        events.push(Event {
+                            name: p.name.clone(),
+                            lane: Lane::Comm,
+                            start_us: p.issued,
+                            end_us: now(),
+                        });
+                    }
+                }
+                let t = p
+                    .results
+                    .as_ref()
+                    .and_then(|r| r.get(i))
+                    .cloned()
+                    .ok_or_else(|| missing(rank, format!("%{} has no result {i}", n.args[0])))?;
+                Some(Value::Ready(t))
+            }
+            op => {
+                return Err(missing(
+                    rank,
+                    format!("the executor cannot run {}", op.name()),
+                ));
+            }
+        };
+        if timeline
+            && !n.op.is_collective()
+            && !matches!(
+                n.op,
+                Op::WaitTensor | Op::Input(_) | Op::Output | Op::Item(_) | Op::Reshape
+            )
+        {
+            dev.finish_all()?;
+            events.push(Event {
+                name: format!("%{} {}", n.id, n.op.name()),
+                lane: Lane::Compute,
+                start_us: t0,
+                end_us: now(),
+            });
+        }
+        if let Some(v) = value {
+            values.insert(n.id, v);
+        }
+    }
+    Ok(Run {
+        outputs,
+        timeline: events,
+    })
+}
+
+fn issue(comm: &Communicator, n: &Node, args: &[Tensor]) -> Result<Work> {
+    let x = &args[0];
+    match n.op {
+        Op::AllReduce(op) => comm.all_reduce(x, op),
+        Op::AllGather => comm.all_gather(x),
+        Op::ReduceScatter(op) => comm.reduce_scatter(x, op),
+        Op::Broadcast(root) => comm.broadcast(x, root),
+        Op::AllToAll => comm.all_to_all(x, None, None),
+        Op::AllReduceCoalesced(op) => comm.all_reduce_coalesced(args, op),
+        _ => Err(missing(comm.rank(), format!("%{} is no collective", n.id))),
+    }
+}
+
+/// Every rank's timeline as Chrome trace-event JSON (open it in Perfetto):
+/// one process per rank, a thread for compute and one for communication.
+pub fn chrome_trace(ranks: &[(usize, &[Event])]) -> String {
+    let mut s = String::from("{\"traceEvents\": [\n");
+    let mut first = true;
+    for (rank, events) in ranks {
+        for e in *events {
+            if !first {
+                s.push_str(",\n");
+            }
+            first = false;
+            let tid = match e.lane {
+                Lane::Compute => 0,
+                Lane::Comm => 1,
+            };
+            let _ = write!(
+                s,
+                "  {{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3}, \"dur\": {:.3}, \"pid\": {rank}, \"tid\": {tid}}}",
+                e.name.replace('"', "'"),
+                if tid == 0 { "compute" } else { "comm" },
+                e.start_us,
+                (e.end_us - e.start_us).max(0.0)
+            );
+        }
+    }
+    s.push_str("\n]}\n");
+    s
+}
