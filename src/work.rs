@@ -150,6 +150,13 @@ impl Work {
         Ok(self.outputs)
     }
 
+    /// Length and dtype of the first output (for async tensors).
+    pub(crate) fn output_shape(&self) -> (usize, crate::tensor::DType) {
+        self.outputs
+            .first()
+            .map_or((0, crate::tensor::DType::F32), |t| (t.len(), t.dtype()))
+    }
+
     /// The collective's sequence number in its communicator.
     pub(crate) fn seq(&self) -> u64 {
         self.fp.seq

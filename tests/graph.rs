@@ -244,3 +244,71 @@ fn verify_names_the_nodes_that_break_an_invariant() {
     let e = verify(&bad).expect_err("missing wait");
     assert!(e.contains("%1") && e.contains("0 wait_tensor"), "{e}");
 }
+
+fn cost() -> wgpu_collectives::graph::passes::GraphCost {
+    wgpu_collectives::graph::passes::GraphCost {
+        comm: wgpu_collectives::CostModel {
+            alpha: std::time::Duration::from_micros(100),
+            beta: 1e9,
+            dispatch: std::time::Duration::from_micros(5),
+        },
+        ranks: 4,
+        flops: 1e9,
+        bytes: 1e10,
+    }
+}
+
+#[test]
+fn reorder_for_overlap_covers_a_collective_with_independent_compute() {
+    use wgpu_collectives::graph::passes::reorder_for_overlap;
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[64, 64]);
+    let grad = t.matmul(x, x, false, false);
+    let r = t.all_reduce(grad, ReduceOp::Sum);
+    let a = t.matmul(x, x, true, false);
+    let b = t.relu(a);
+    let used = t.add(r, b);
+    let g = checked(t.finish(&[used]));
+    expect(
+        &g,
+        &[
+            "= all_reduce(%1",
+            "= wait_tensor(%2)",
+            "= matmul(%0, %0, transpose_a=true",
+            "= relu(",
+            "= add(%3",
+        ],
+    );
+    let once = checked(reorder_for_overlap(g.clone(), &cost()));
+    expect(
+        &once,
+        &[
+            "= all_reduce(%1",
+            "= matmul(%0, %0, transpose_a=true",
+            "= relu(",
+            "= wait_tensor(%2)",
+            "= add(%3",
+        ],
+    );
+    assert_eq!(
+        once,
+        reorder_for_overlap(g, &cost()),
+        "the same order every time (every rank)"
+    );
+}
+
+#[test]
+fn reorder_for_overlap_keeps_the_traced_order_of_collectives() {
+    use wgpu_collectives::graph::passes::reorder_for_overlap;
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[32, 32]);
+    let late = t.matmul(x, x, false, false);
+    let first = t.all_reduce(late, ReduceOp::Sum); // traced first, ready late
+    let second = t.all_reduce(x, ReduceOp::Max); // ready at once, traced second
+    let g = checked(t.finish(&[first, second]));
+    let g = checked(reorder_for_overlap(g, &cost()));
+    expect(
+        &g,
+        &["= all_reduce(%1, \"sum\")", "= all_reduce(%0, \"max\")"],
+    );
+}

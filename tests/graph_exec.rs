@@ -216,3 +216,61 @@ fn the_timeline_is_chrome_trace_json_with_compute_and_comm() {
         "rank 1's comm lane"
     );
 }
+
+/// The same layer run eagerly, with the all-reduces' values passed straight
+/// on as async tensors, gives the traced graph's bits.
+#[test]
+fn eager_with_async_tensors_gives_the_traced_bits() {
+    use wgpu_collectives::graph::eager::{self, AsyncTensor};
+    let w = world(2);
+    let traced = run(&w, &layer());
+    let eager = w
+        .run(|c| -> Result<Vec<Vec<f32>>, Error> {
+            let i = inputs_for(c)?;
+            let (x, wt, dy) = (&i[0].1, &i[1].1, &i[2].1);
+            let z = eager::matmul(x, wt, [B, H, H], false, false)?;
+            let y = eager::relu(&z)?;
+            let dz = eager::relu_grad(dy, &z)?;
+            let dw = eager::matmul(x, &dz, [H, B, H], true, false)?;
+            let dw = AsyncTensor::new(c.all_reduce(&dw, ReduceOp::Sum)?);
+            assert_eq!(
+                (dw.len(), dw.dtype(), dw.is_ready()),
+                (H * H, DType::F32, false),
+                "length and dtype do not wait"
+            );
+            let db = AsyncTensor::new(c.all_reduce(&eager::sum_rows(&dz, B, H)?, ReduceOp::Sum)?);
+            let scaled = eager::scale(&eager::sum_rows(&y, B, H)?, 0.5)?;
+            // The async values go straight into compute: the first read waits.
+            let dw2 = eager::add(&dw, &dw)?;
+            assert!(dw.is_ready());
+            let halved = eager::scale(&dw2, 0.5)?;
+            Ok(vec![
+                halved.to_vec::<f32>()?,
+                db.to_vec::<f32>()?,
+                scaled.to_vec::<f32>()?,
+            ])
+        })
+        .expect("run");
+    for (rank, (t, e)) in traced.iter().zip(eager).enumerate() {
+        let e = e.expect("eager");
+        for k in 0..3 {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&t[k]), bits(&e[k]), "rank {rank}, output {k}");
+        }
+    }
+}
+
+#[test]
+fn reorder_for_overlap_runs_and_gives_the_same_bits() {
+    use wgpu_collectives::graph::passes::{GraphCost, reorder_for_overlap};
+    let w = world(2);
+    let cost = GraphCost {
+        comm: w.cost_model(),
+        ranks: 2,
+        flops: 1e9,
+        bytes: 1e9,
+    };
+    let scheduled = reorder_for_overlap(layer(), &cost);
+    verify(&scheduled).unwrap_or_else(|e| panic!("{e}\n{}", scheduled.print()));
+    assert!(run(&w, &layer()) == run(&w, &scheduled));
+}

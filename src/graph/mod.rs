@@ -16,10 +16,12 @@
 //! - `schema`: each op's schema in PyTorch's notation, and its effect.
 //! - `trace`: building graphs from code shaped like eager code.
 //! - `verify`: the invariants every pass must keep.
+//! - `eager`: async tensors and eager compute ops, for code outside graphs.
 //! - `exec`: runs a graph on a rank (kernels, async collectives, waits), with a timeline.
 //! - `passes`: `dce`, `sink_waits`, `raise_comms`, `bucket_all_reduces`.
 //! - `filecheck`: checks that lines appear in order (as LLVM's FileCheck).
 
+pub mod eager;
 pub mod exec;
 pub mod filecheck;
 pub mod ir;

@@ -1,14 +1,17 @@
 //! Passes: each a function from graph to graph that keeps `verify`'s
-//! invariants, with its own tests.
+//! invariants, with its own tests: `dce`, `sink_waits`, `raise_comms`,
+//! `reorder_for_overlap`, `bucket_all_reduces`.
 
 mod bucket;
 mod dce;
 mod raise;
+mod reorder;
 mod sink;
 
 pub use bucket::{DEFAULT_BUCKET_BYTES, bucket_all_reduces};
 pub use dce::dce;
 pub use raise::raise_comms;
+pub use reorder::{GraphCost, reorder_for_overlap};
 pub use sink::sink_waits;
 
 use super::ir::{Graph, NodeId};

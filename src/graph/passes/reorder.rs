@@ -1,0 +1,148 @@
+//! Orders compute to cover communication, under the cost model.
+//!
+//! A list schedule over the dependency graph, simulated in time: a
+//! collective is issued as soon as its inputs are ready (and every earlier
+//! collective is issued: their order is the program's); then any ready
+//! compute that does not need an unfinished collective runs (in program
+//! order, so every rank computes the same order); a wait is placed only
+//! when nothing else can run, and then the one whose collective finishes
+//! first. Costs: collectives by the alpha-beta ring model, matmuls by their
+//! FLOPs, other compute by its bytes.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::cost::CostModel;
+use crate::graph::ir::{Graph, Node, NodeId, Op};
+
+/// What the schedule assumes about the machine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GraphCost {
+    /// The hop model (from `World::cost_model`).
+    pub comm: CostModel,
+    /// Ranks in the group the collectives run on.
+    pub ranks: usize,
+    /// Compute throughput for matmuls, FLOP/s.
+    pub flops: f64,
+    /// Memory throughput for element-wise compute, bytes/s.
+    pub bytes: f64,
+}
+
+impl GraphCost {
+    /// Estimated time of `n` (zero for bookkeeping nodes).
+    pub fn of(&self, g: &Graph, n: &Node) -> Duration {
+        let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        let arg_bytes: usize = n
+            .args
+            .iter()
+            .filter_map(|&a| g.node(a))
+            .map(Node::bytes)
+            .sum();
+        match &n.op {
+            Op::Matmul { .. } => {
+                let k = n.args.first().and_then(|&a| g.node(a)).map_or(0, |a| {
+                    a.len() / n.shape.first().copied().unwrap_or(1).max(1)
+                });
+                secs(2.0 * (n.len() * k) as f64 / self.flops)
+            }
+            Op::AllReduce(_) | Op::AllReduceCoalesced(_) => {
+                self.comm.ring_all_reduce(self.ranks, arg_bytes)
+            }
+            Op::AllGather | Op::ReduceScatter(_) | Op::AllToAll | Op::Broadcast(_) => {
+                // n-1 hops of a rank's share.
+                let share = arg_bytes.max(n.bytes()) as f64 / self.ranks.max(1) as f64;
+                let hop = self.comm.alpha.as_secs_f64() + share / self.comm.beta;
+                secs((self.ranks.saturating_sub(1)) as f64 * hop)
+            }
+            Op::Input(_) | Op::Output | Op::Item(_) | Op::WaitTensor | Op::Reshape => {
+                Duration::ZERO
+            }
+            _ => secs((arg_bytes + n.bytes()) as f64 / self.bytes),
+        }
+    }
+}
+
+/// `g` reordered so that compute covers each collective's estimated time.
+pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
+    let order: HashMap<NodeId, usize> = g.positions();
+    let mut done: HashSet<NodeId> = HashSet::new();
+    let mut out = Vec::with_capacity(g.nodes.len());
+    let mut now = Duration::ZERO;
+    let mut comm_free = Duration::ZERO;
+    let mut finish: HashMap<NodeId, Duration> = HashMap::new(); // collective -> estimated end
+    let mut next_seq = g
+        .nodes
+        .iter()
+        .filter(|n| n.op.is_collective())
+        .map(|n| n.seq.unwrap_or(0))
+        .min();
+    // The collective a node's value waits on, if any (itself, or a getitem's).
+    let collective_of = |id: NodeId| -> Option<NodeId> {
+        let n = g.node(id)?;
+        match n.op {
+            Op::Item(_) => n.args.first().copied(),
+            ref o if o.is_collective() => Some(id),
+            _ => None,
+        }
+    };
+    while out.len() < g.nodes.len() {
+        let ready: Vec<&Node> = g
+            .nodes
+            .iter()
+            .filter(|n| !done.contains(&n.id) && n.args.iter().all(|a| done.contains(a)))
+            .collect();
+        let pick = ready
+            .iter()
+            .find(|n| n.op.is_collective() && n.seq == next_seq)
+            .or_else(|| {
+                ready
+                    .iter()
+                    .find(|n| !matches!(n.op, Op::WaitTensor | Op::Output) && !n.op.is_collective())
+            })
+            .or_else(|| {
+                ready
+                    .iter()
+                    .filter(|n| n.op == Op::WaitTensor)
+                    .min_by_key(|n| {
+                        (
+                            n.args
+                                .first()
+                                .and_then(|&a| collective_of(a))
+                                .and_then(|c| finish.get(&c))
+                                .copied(),
+                            order[&n.id],
+                        )
+                    })
+            })
+            .or_else(|| ready.iter().find(|n| n.op == Op::Output))
+            .or_else(|| ready.first())
+            .copied();
+        let Some(n) = pick else { break };
+        let t = cost.of(&g, n);
+        if n.op.is_collective() {
+            let start = now.max(comm_free);
+            comm_free = start + t;
+            finish.insert(n.id, comm_free);
+            next_seq = g
+                .nodes
+                .iter()
+                .filter(|m| m.op.is_collective() && m.seq > n.seq)
+                .map(|m| m.seq.unwrap_or(0))
+                .min();
+        } else if n.op == Op::WaitTensor {
+            if let Some(end) = n
+                .args
+                .first()
+                .and_then(|&a| collective_of(a))
+                .and_then(|c| finish.get(&c))
+            {
+                now = now.max(*end);
+            }
+        } else {
+            now += t;
+        }
+        done.insert(n.id);
+        out.push(n.clone());
+    }
+    Graph { nodes: out }
+}
