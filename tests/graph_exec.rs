@@ -274,3 +274,75 @@ fn reorder_for_overlap_runs_and_gives_the_same_bits() {
     verify(&scheduled).unwrap_or_else(|e| panic!("{e}\n{}", scheduled.print()));
     assert!(run(&w, &layer()) == run(&w, &scheduled));
 }
+
+/// Every collective kind between compute: traced, scheduled by each pass
+/// and by all of them, the same bits.
+#[test]
+fn a_graph_of_every_collective_gives_the_same_bits_in_every_schedule() {
+    use wgpu_collectives::graph::passes::{GraphCost, reorder_for_overlap};
+    let n = 4;
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[8, 4]);
+    let a = t.matmul(x, x, true, false); // [4, 4]
+    let g1 = t.all_gather(a, n); // [16, 4]
+    let s = t.reduce_scatter(g1, ReduceOp::Sum, n); // [4, 4]
+    let r = t.relu(x);
+    let b = t.broadcast(r, 2);
+    let flat = t.reshape(b, &[32]);
+    let e = t.all_to_all(flat);
+    let m = t.mul(s, a);
+    let sum = t.sum_rows(m);
+    let out = t.all_reduce(sum, ReduceOp::Max);
+    let traced = t.finish(&[out, e, g1]);
+    verify(&traced).expect("traced");
+    let w = world(n);
+    let cost = GraphCost {
+        comm: w.cost_model(),
+        ranks: n,
+        flops: 1e9,
+        bytes: 1e9,
+    };
+    let schedules = [
+        traced.clone(),
+        sink_waits(traced.clone()),
+        raise_comms(traced.clone()),
+        reorder_for_overlap(traced.clone(), &cost),
+        bucket_all_reduces(
+            raise_comms(sink_waits(dce(traced.clone()))),
+            DEFAULT_BUCKET_BYTES,
+        ),
+    ];
+    let results: Vec<_> = schedules
+        .iter()
+        .map(|g| {
+            verify(g).unwrap_or_else(|e| panic!("{e}\n{}", g.print()));
+            w.run(|c| -> Result<Vec<Vec<u32>>, Error> {
+                let x = c.tensor(&ints(7, c.rank(), 32))?;
+                let r = execute(g, c, &[("x", x)], false)?;
+                r.outputs
+                    .iter()
+                    .map(|t| Ok(t.to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect()))
+                    .collect()
+            })
+            .expect("run")
+            .into_iter()
+            .map(|r| r.expect("execute"))
+            .collect::<Vec<_>>()
+        })
+        .collect();
+    for (k, r) in results.iter().enumerate().skip(1) {
+        assert!(
+            *r == results[0],
+            "schedule {k} differs from the traced graph"
+        );
+    }
+    // And the last output is the gathered matrices, rank-major.
+    let a_of = |rank: usize| mm_t(&ints(7, rank, 32));
+    let gathered: Vec<u32> = (0..n).flat_map(a_of).map(f32::to_bits).collect();
+    assert_eq!(results[0][1][2], gathered, "all_gather of x^T x");
+}
+
+/// x^T x for x of [8, 4].
+fn mm_t(x: &[f32]) -> Vec<f32> {
+    mm(x, x, 4, 8, 4, true)
+}
