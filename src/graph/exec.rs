@@ -46,6 +46,8 @@ pub struct Run {
     pub outputs: Vec<Tensor>,
     /// Compute and communication spans (empty unless asked for).
     pub timeline: Vec<Event>,
+    /// Microseconds spent blocked in waits: communication compute did not hide.
+    pub exposed_us: f64,
 }
 
 /// A collective in flight, shared by the `getitem`s of a coalesced one.
@@ -84,6 +86,7 @@ pub fn execute(
     let mut values: HashMap<NodeId, Value> = HashMap::new();
     let mut events = Vec::new();
     let mut outputs = Vec::new();
+    let mut exposed_us = 0.0;
     for n in &g.nodes {
         let ready = |id: NodeId| -> Result<Tensor> {
             match values.get(&id) {
@@ -253,7 +256,9 @@ pub fn execute(
                         .work
                         .take()
                         .ok_or_else(|| missing(rank, format!("%{} waited twice", n.id)))?;
+                    let blocked = now();
                     p.results = Some(work.wait_all()?);
+                    exposed_us += now() - blocked;
                     if timeline {
                         events.push(Event {
                             name: p.name.clone(),
@@ -300,6 +305,7 @@ pub fn execute(
     Ok(Run {
         outputs,
         timeline: events,
+        exposed_us,
     })
 }
 

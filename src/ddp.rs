@@ -1,0 +1,257 @@
+//! Data-parallel training of a small MLP on simulated ranks: each rank runs
+//! forward and backward on its part of the batch, the gradients are
+//! averaged with all_reduce (Avg), every rank applies the same SGD update.
+//!
+//! One training step is one traced graph. The `Eager` schedule runs it as
+//! traced (each wait right after its all_reduce); `Overlap` runs the passes
+//! (dce, sink_waits, reorder_for_overlap, bucket_all_reduces), so that
+//! earlier layers' backward runs while later layers' gradients are reduced.
+//! Both give the same bits: only when things run changes.
+
+use std::time::Instant;
+
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::graph::exec::{Event, Lane, execute};
+use crate::graph::passes::{
+    DEFAULT_BUCKET_BYTES, GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits,
+};
+use crate::graph::{Graph, Tracer, verify};
+use crate::op::ReduceOp;
+use crate::tensor::{DType, Tensor};
+use crate::world::World;
+
+/// The model and its training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mlp {
+    /// Number of [hidden x hidden] layers (ReLU between them, none after the last).
+    pub layers: usize,
+    /// Width.
+    pub hidden: usize,
+    /// Global batch (split evenly over the ranks).
+    pub batch: usize,
+    /// SGD learning rate.
+    pub lr: f32,
+    /// Seed of the weights and the data.
+    pub seed: u64,
+}
+
+/// When waits run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Each wait right after its collective (as traced).
+    Eager,
+    /// Waits sunk to first use, compute ordered to cover communication,
+    /// gradients bucketed.
+    Overlap,
+}
+
+/// One step's figures on one rank, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// Wall time of the step.
+    pub step_us: f64,
+    /// Time in compute kernels.
+    pub compute_us: f64,
+    /// Time collectives were in flight (issue to end of wait).
+    pub comm_us: f64,
+    /// Time blocked in waits: communication compute did not hide.
+    pub exposed_us: f64,
+    /// The global loss (mean squared error over the whole batch) before the step.
+    pub loss: f32,
+}
+
+/// What a training run produced, per rank.
+#[derive(Debug, Clone)]
+pub struct RankRun {
+    /// Per step.
+    pub steps: Vec<StepStats>,
+    /// Each step's weights, as bits, when asked for (for checks).
+    pub weight_bits: Vec<Vec<u32>>,
+    /// The last step's timeline.
+    pub timeline: Vec<Event>,
+}
+
+fn unit(seed: u64, i: usize) -> f32 {
+    let mut z = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+}
+
+impl Mlp {
+    /// Layer `l`'s initial weights, the same on every rank.
+    pub fn weights(&self, l: usize) -> Vec<f32> {
+        let s = 1.0 / (self.hidden as f32).sqrt();
+        (0..self.hidden * self.hidden)
+            .map(|i| unit(self.seed ^ (l as u64 + 1) << 48, i) * s)
+            .collect()
+    }
+
+    /// The global batch, the same every step (so that training is descent
+    /// on one objective): inputs and targets, [batch, hidden] each.
+    pub fn data(&self) -> (Vec<f32>, Vec<f32>) {
+        let n = self.batch * self.hidden;
+        let x: Vec<f32> = (0..n).map(|i| unit(self.seed, i)).collect();
+        let y: Vec<f32> = (0..n)
+            .map(|i| 0.5 * unit(self.seed ^ 0xdead_beef, i))
+            .collect();
+        (x, y)
+    }
+
+    /// One step on one of `ranks` ranks, as traced: forward, MSE loss,
+    /// backward with each layer's gradient averaged by all_reduce, SGD.
+    /// Inputs `x`, `y`, `w0`..; outputs the new weights, then the loss.
+    pub fn step_graph(&self, ranks: usize) -> Graph {
+        let (b, h, layers) = (self.batch / ranks.max(1), self.hidden, self.layers.max(1));
+        let mut t = Tracer::new();
+        let x = t.input("x", DType::F32, &[b, h]);
+        let y = t.input("y", DType::F32, &[b, h]);
+        let ws: Vec<usize> = (0..layers)
+            .map(|l| t.input(&format!("w{l}"), DType::F32, &[h, h]))
+            .collect();
+        let (mut acts, mut zs) = (vec![x], Vec::new());
+        for (l, &w) in ws.iter().enumerate() {
+            let z = t.matmul(acts[l], w, false, false);
+            zs.push(z);
+            if l + 1 < layers {
+                let a = t.relu(z);
+                acts.push(a);
+            }
+        }
+        let diff = t.sub(zs[layers - 1], y);
+        let sq = t.mul(diff, diff);
+        let flat = t.reshape(sq, &[b * h, 1]);
+        let total = t.sum_rows(flat);
+        let local = t.scale(total, 1.0 / (b * h) as f32);
+        let loss = t.all_reduce(local, ReduceOp::Avg);
+        let mut dz = t.scale(diff, 2.0 / (b * h) as f32);
+        let mut grads = vec![0; layers];
+        for l in (0..layers).rev() {
+            let dw = t.matmul(acts[l], dz, true, false);
+            grads[l] = t.all_reduce(dw, ReduceOp::Avg);
+            if l > 0 {
+                let da = t.matmul(dz, ws[l], false, true);
+                dz = t.relu_grad(da, zs[l - 1]);
+            }
+        }
+        let mut outs: Vec<usize> = (0..layers)
+            .map(|l| {
+                let step = t.scale(grads[l], self.lr);
+                t.sub(ws[l], step)
+            })
+            .collect();
+        outs.push(loss);
+        t.finish(&outs)
+    }
+}
+
+/// The step graph as `schedule` runs it.
+pub fn scheduled(g: Graph, schedule: Schedule, cost: &GraphCost) -> Result<Graph> {
+    let g = match schedule {
+        Schedule::Eager => g,
+        Schedule::Overlap => bucket_all_reduces(
+            reorder_for_overlap(sink_waits(dce(g)), cost),
+            DEFAULT_BUCKET_BYTES,
+        ),
+    };
+    verify(&g).map_err(|what| Error::InvalidArgument { rank: None, what })?;
+    Ok(g)
+}
+
+fn rank_steps(
+    c: &Communicator,
+    m: &Mlp,
+    g: &Graph,
+    steps: usize,
+    keep_bits: bool,
+) -> Result<RankRun> {
+    let (n, r) = (c.size(), c.rank());
+    let b = m.batch / n;
+    let h = m.hidden;
+    let mut weights: Vec<Tensor> = (0..m.layers)
+        .map(|l| c.tensor(&m.weights(l)))
+        .collect::<Result<_>>()?;
+    let names: Vec<String> = (0..m.layers).map(|l| format!("w{l}")).collect();
+    let mut run = RankRun {
+        steps: Vec::new(),
+        weight_bits: Vec::new(),
+        timeline: Vec::new(),
+    };
+    let (x, y) = m.data();
+    for _ in 0..steps {
+        let mine = |v: &[f32]| c.tensor(&v[r * b * h..(r + 1) * b * h]);
+        let mut inputs: Vec<(&str, Tensor)> = vec![("x", mine(&x)?), ("y", mine(&y)?)];
+        inputs.extend(
+            names
+                .iter()
+                .map(String::as_str)
+                .zip(weights.iter().cloned()),
+        );
+        c.barrier()?.wait()?;
+        let t = Instant::now();
+        let out = execute(g, c, &inputs, true)?;
+        let loss = out.outputs[m.layers]
+            .to_vec::<f32>()?
+            .first()
+            .copied()
+            .unwrap_or(f32::NAN);
+        let step_us = t.elapsed().as_secs_f64() * 1e6;
+        let sum = |lane| {
+            out.timeline
+                .iter()
+                .filter(|e| e.lane == lane)
+                .map(|e| e.end_us - e.start_us)
+                .sum::<f64>()
+        };
+        run.steps.push(StepStats {
+            step_us,
+            compute_us: sum(Lane::Compute),
+            comm_us: sum(Lane::Comm),
+            exposed_us: out.exposed_us,
+            loss,
+        });
+        weights = out.outputs[..m.layers].to_vec();
+        if keep_bits {
+            let mut bits = Vec::new();
+            for w in &weights {
+                bits.extend(w.to_vec::<f32>()?.iter().map(|v| v.to_bits()));
+            }
+            run.weight_bits.push(bits);
+        }
+        run.timeline = out.timeline;
+    }
+    Ok(run)
+}
+
+/// Trains for `steps` steps on every rank of `world`; one result per rank.
+/// With `keep_bits`, every step's weights are kept (for checks; costly).
+pub fn train(
+    world: &World,
+    m: &Mlp,
+    steps: usize,
+    schedule: Schedule,
+    keep_bits: bool,
+) -> Result<Vec<RankRun>> {
+    let n = world.size();
+    if m.batch % n != 0 || m.layers == 0 || m.hidden == 0 {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: format!(
+                "a batch of {} over {n} ranks, {} layers of {}: the batch must split evenly",
+                m.batch, m.layers, m.hidden
+            ),
+        });
+    }
+    let cost = GraphCost {
+        comm: world.cost_model(),
+        ranks: n,
+        flops: 1e10,
+        bytes: 1e10,
+    };
+    let g = scheduled(m.step_graph(n), schedule, &cost)?;
+    world
+        .run(|c| rank_steps(c, m, &g, steps, keep_bits))?
+        .into_iter()
+        .collect()
+}
