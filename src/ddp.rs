@@ -13,9 +13,7 @@ use std::time::Instant;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::graph::exec::{Event, Lane, execute};
-use crate::graph::passes::{
-    DEFAULT_BUCKET_BYTES, GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits,
-};
+use crate::graph::passes::{GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits};
 use crate::graph::{Graph, Tracer, verify};
 use crate::op::ReduceOp;
 use crate::tensor::{DType, Tensor};
@@ -34,6 +32,9 @@ pub struct Mlp {
     pub lr: f32,
     /// Seed of the weights and the data.
     pub seed: u64,
+    /// Gradient bucket cap for the overlap schedule (DDP's `bucket_cap_mb`;
+    /// `graph::passes::DEFAULT_BUCKET_BYTES` is its 25 MiB).
+    pub bucket_bytes: usize,
 }
 
 /// When waits run.
@@ -147,13 +148,17 @@ impl Mlp {
 }
 
 /// The step graph as `schedule` runs it.
-pub fn scheduled(g: Graph, schedule: Schedule, cost: &GraphCost) -> Result<Graph> {
+pub fn scheduled(
+    g: Graph,
+    schedule: Schedule,
+    cost: &GraphCost,
+    bucket_bytes: usize,
+) -> Result<Graph> {
     let g = match schedule {
         Schedule::Eager => g,
-        Schedule::Overlap => bucket_all_reduces(
-            reorder_for_overlap(sink_waits(dce(g)), cost),
-            DEFAULT_BUCKET_BYTES,
-        ),
+        Schedule::Overlap => {
+            bucket_all_reduces(reorder_for_overlap(sink_waits(dce(g)), cost), bucket_bytes)
+        }
     };
     verify(&g).map_err(|what| Error::InvalidArgument { rank: None, what })?;
     Ok(g)
@@ -249,7 +254,7 @@ pub fn train(
         flops: 1e10,
         bytes: 1e10,
     };
-    let g = scheduled(m.step_graph(n), schedule, &cost)?;
+    let g = scheduled(m.step_graph(n), schedule, &cost, m.bucket_bytes)?;
     world
         .run(|c| rank_steps(c, m, &g, steps, keep_bits))?
         .into_iter()

@@ -16,6 +16,16 @@ use bench::args::{self, Args};
 use bench::{ceiling, report};
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("ddp") {
+        return match bench::ddp::run(&argv[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let a = Args::parse();
     match run(&a) {
         Ok(code) => code,

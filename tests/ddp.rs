@@ -13,6 +13,7 @@ const MODEL: Mlp = Mlp {
     batch: 8,
     lr: 0.1,
     seed: 11,
+    bucket_bytes: wgpu_collectives::graph::passes::DEFAULT_BUCKET_BYTES,
 };
 
 fn losses(runs: &[wgpu_collectives::ddp::RankRun]) -> Vec<f32> {
@@ -87,7 +88,12 @@ fn the_overlap_graph_verifies_and_buckets_gradients() {
         flops: 1e10,
         bytes: 1e10,
     };
-    let g = wgpu_collectives::ddp::scheduled(MODEL.step_graph(2), Schedule::Overlap, &cost)
-        .expect("verified");
+    let g = wgpu_collectives::ddp::scheduled(
+        MODEL.step_graph(2),
+        Schedule::Overlap,
+        &cost,
+        MODEL.bucket_bytes,
+    )
+    .expect("verified");
     assert!(g.print().contains("all_reduce_coalesced"), "{}", g.print());
 }

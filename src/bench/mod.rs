@@ -10,6 +10,7 @@
 pub mod args;
 pub mod ceiling;
 mod data;
+pub mod ddp;
 pub mod report;
 
 use std::time::Instant;

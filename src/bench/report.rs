@@ -191,3 +191,59 @@ fn human(bytes: f64) -> String {
         b => b.to_string(),
     }
 }
+
+/// Each rank's last-step timeline as two lanes (compute, communication)
+/// of bars, an SVG at `path`.
+pub fn timeline(
+    path: &str,
+    ranks: &[(usize, &[wgpu_collectives::graph::Event])],
+) -> Result<(), String> {
+    use wgpu_collectives::graph::Lane;
+    let end = ranks
+        .iter()
+        .flat_map(|(_, e)| e.iter().map(|e| e.end_us))
+        .fold(1.0f64, f64::max)
+        / 1e3;
+    let lanes = ranks.len() * 2;
+    let root = SVGBackend::new(path, (1000, 80 + 40 * lanes as u32)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("drawing {path}: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "one training step: compute and communication per rank",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(120)
+        .build_cartesian_2d(0.0..end * 1.02, 0.0..lanes as f64)
+        .map_err(|e| err(&e))?;
+    let names: Vec<String> = ranks
+        .iter()
+        .flat_map(|(r, _)| [format!("rank {r} compute"), format!("rank {r} comm")])
+        .collect();
+    chart
+        .configure_mesh()
+        .x_desc("ms")
+        .y_labels(lanes)
+        .y_label_formatter(&|y| names.get(*y as usize).cloned().unwrap_or_default())
+        .disable_y_mesh()
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, (_, events)) in ranks.iter().enumerate() {
+        for e in events.iter() {
+            let (lane, color) = match e.lane {
+                Lane::Compute => (2 * i, RGBColor(70, 130, 180)),
+                Lane::Comm => (2 * i + 1, RGBColor(230, 120, 40)),
+            };
+            let y = lane as f64;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(e.start_us / 1e3, y + 0.15), (e.end_us / 1e3, y + 0.85)],
+                    color.filled(),
+                )))
+                .map_err(|e| err(&e))?;
+        }
+    }
+    root.present().map_err(|e| err(&e))
+}

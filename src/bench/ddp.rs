@@ -1,0 +1,156 @@
+//! `wgpu-collectives ddp`: data-parallel training of an MLP on simulated
+//! ranks, per schedule: per-step times and loss, then medians and the
+//! ideal max(compute, comm).
+
+use clap::{Parser, ValueEnum};
+use wgpu_collectives::ddp::{Mlp, RankRun, Schedule, train};
+use wgpu_collectives::graph::chrome_trace;
+use wgpu_collectives::{World, WorldConfig};
+
+/// Which schedules to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    /// Each wait right after its all_reduce.
+    Eager,
+    /// sink_waits, reorder_for_overlap, bucketing.
+    Overlap,
+}
+
+/// Data-parallel training of an MLP: gradients averaged with all_reduce,
+/// overlapped with backward by the graph passes.
+#[derive(Debug, Parser)]
+#[command(name = "wgpu-collectives ddp")]
+pub struct DdpArgs {
+    /// Simulated ranks.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Layers ([hidden x hidden] each).
+    #[arg(long, default_value_t = 8)]
+    pub layers: usize,
+    /// Width.
+    #[arg(long, default_value_t = 1024)]
+    pub hidden: usize,
+    /// Global batch (split over the ranks).
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+    /// Training steps.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// The schedule to run (default: both, eager first).
+    #[arg(long, value_enum)]
+    pub schedule: Option<Which>,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f32,
+    /// Seed of weights and data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Gradient bucket cap in MiB for the overlap schedule (DDP's bucket_cap_mb).
+    #[arg(long = "bucket-mb", default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// Write the last step's timeline of every rank (last schedule run) as Chrome trace JSON.
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<String>,
+    /// Draw that timeline as an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<String>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Rank-mean of one figure per step.
+fn per_step(runs: &[RankRun], f: fn(&wgpu_collectives::ddp::StepStats) -> f64) -> Vec<f64> {
+    let steps = runs.first().map_or(0, |r| r.steps.len());
+    (0..steps)
+        .map(|s| runs.iter().map(|r| f(&r.steps[s])).sum::<f64>() / runs.len().max(1) as f64)
+        .collect()
+}
+
+/// Runs the training; returns the process exit status.
+pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let a = DdpArgs::parse_from(std::iter::once("ddp".to_string()).chain(args.iter().cloned()));
+    let world = World::new(WorldConfig::new(a.ranks))?;
+    let m = Mlp {
+        layers: a.layers,
+        hidden: a.hidden,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+        bucket_bytes: (a.bucket_mb * (1 << 20) as f64) as usize,
+    };
+    println!(
+        "# ddp: {} ranks on {}, {} layers of {}, batch {}, {} steps, lr {}, buckets of {} MiB",
+        a.ranks,
+        world.adapters().first().map_or("?", |i| i.name.as_str()),
+        a.layers,
+        a.hidden,
+        a.batch,
+        a.steps,
+        a.lr,
+        a.bucket_mb
+    );
+    let schedules: Vec<(Schedule, &str)> = match a.schedule {
+        Some(Which::Eager) => vec![(Schedule::Eager, "eager")],
+        Some(Which::Overlap) => vec![(Schedule::Overlap, "overlap")],
+        None => vec![(Schedule::Eager, "eager"), (Schedule::Overlap, "overlap")],
+    };
+    let mut summary = Vec::new();
+    let mut last = None;
+    for (s, name) in schedules {
+        let runs = train(&world, &m, a.steps, s, false)?;
+        println!(
+            "#\n# schedule {name}\n# {:>4} {:>10} {:>12} {:>10} {:>12} {:>12}",
+            "step", "time(ms)", "compute(ms)", "comm(ms)", "exposed(ms)", "loss"
+        );
+        let (t, c, k, e) = (
+            per_step(&runs, |s| s.step_us / 1e3),
+            per_step(&runs, |s| s.compute_us / 1e3),
+            per_step(&runs, |s| s.comm_us / 1e3),
+            per_step(&runs, |s| s.exposed_us / 1e3),
+        );
+        for (i, st) in runs[0].steps.iter().enumerate() {
+            println!(
+                "  {:>4} {:>10.2} {:>12.2} {:>10.2} {:>12.2} {:>12.6}",
+                i, t[i], c[i], k[i], e[i], st.loss
+            );
+        }
+        summary.push((name, median(t), median(c), median(k), median(e)));
+        last = Some(runs);
+    }
+    // The eager schedule overlaps nothing, so its in-flight time is what
+    // the communication costs; the overlap schedule's includes time spent
+    // hidden behind compute.
+    let comm_cost = summary.first().map_or(0.0, |s| s.3);
+    println!(
+        "#\n# medians over steps (ms): {:>10} {:>12} {:>10} {:>12} {:>10}",
+        "step", "compute", "comm", "exposed", "ideal"
+    );
+    for (name, t, c, k, e) in &summary {
+        println!(
+            "#   {name:<22} {t:>10.2} {c:>12.2} {k:>10.2} {e:>12.2} {:>10.2}",
+            c.max(comm_cost)
+        );
+    }
+    println!(
+        "#   (comm: issue to end of wait; ideal: max(compute, the {} schedule's comm))",
+        summary.first().map_or("", |s| s.0)
+    );
+    if let Some(runs) = last {
+        let views: Vec<(usize, &[wgpu_collectives::graph::Event])> = runs
+            .iter()
+            .enumerate()
+            .map(|(r, run)| (r, run.timeline.as_slice()))
+            .collect();
+        if let Some(path) = &a.trace {
+            std::fs::write(path, chrome_trace(&views))
+                .map_err(|e| format!("writing {path}: {e}"))?;
+        }
+        if let Some(path) = &a.timeline {
+            super::report::timeline(path, &views)?;
+        }
+    }
+    Ok(())
+}
