@@ -81,9 +81,11 @@ fn unit(seed: u64, i: usize) -> f32 {
 }
 
 impl Mlp {
-    /// Layer `l`'s initial weights, the same on every rank.
+    /// Layer `l`'s initial weights, the same on every rank: He-uniform
+    /// (bound sqrt(6 / fan-in)), so activations keep their scale through
+    /// the ReLUs.
     pub fn weights(&self, l: usize) -> Vec<f32> {
-        let s = 1.0 / (self.hidden as f32).sqrt();
+        let s = (6.0 / self.hidden as f32).sqrt();
         (0..self.hidden * self.hidden)
             .map(|i| unit(self.seed ^ (l as u64 + 1) << 48, i) * s)
             .collect()
