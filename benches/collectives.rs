@@ -14,12 +14,11 @@ fn world(n: usize) -> World {
     World::new(WorldConfig::new(n)).expect("a world (is an adapter installed?)")
 }
 
-fn wait(dev: &wgpu::Device, idx: wgpu::SubmissionIndex) {
-    dev.poll(wgpu::PollType::Wait {
-        submission_index: Some(idx),
-        timeout: Some(Duration::from_secs(60)),
-    })
-    .expect("the device finishes");
+fn wait(comm: &wgpu_collectives::Communicator, idx: wgpu::SubmissionIndex) {
+    let done = comm
+        .wait_submission(&idx, Duration::from_secs(60))
+        .expect("the device finishes");
+    assert!(done, "the device did not finish in 60 s");
 }
 
 /// dst = dst + src over 4 MiB, per dtype: bytes reduced per second.
@@ -81,7 +80,7 @@ fn reduction_kernel(c: &mut Criterion) {
                     pass.dispatch_workgroups(groups, 1, 1);
                 }
                 let start = Instant::now();
-                wait(dev, queue.submit([enc.finish()]));
+                wait(comm, queue.submit([enc.finish()]));
                 start.elapsed()
             })
         });
@@ -98,7 +97,7 @@ fn fence_round_trip(c: &mut Criterion) {
         b.iter(|| {
             let mut enc = dev.create_command_encoder(&Default::default());
             drop(enc.begin_compute_pass(&Default::default()));
-            wait(dev, queue.submit([enc.finish()]));
+            wait(comm, queue.submit([enc.finish()]));
         })
     });
 }

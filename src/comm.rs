@@ -172,8 +172,30 @@ impl Communicator {
     }
 
     /// This rank's wgpu device.
+    ///
+    /// Poll it through [`Communicator::wait_submission`] and
+    /// [`Communicator::poll_device`], not `Device::poll`: the engine's
+    /// threads poll this device too, and wgpu 30.0.2 panics when two
+    /// threads poll one device at the same moment, so polls take turns.
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.dev.device
+    }
+
+    /// Waits at most `limit` for a submission on this rank's queue;
+    /// `Ok(false)` when it is still running. Takes turns with the engine's
+    /// own polls of the device (see [`Communicator::device`]).
+    pub fn wait_submission(
+        &self,
+        index: &wgpu::SubmissionIndex,
+        limit: std::time::Duration,
+    ) -> Result<bool> {
+        self.inner.dev.poll_for(index, limit, None)
+    }
+
+    /// Runs this device's ready callbacks (buffer maps, submitted-work
+    /// notices) without blocking, taking turns with the engine's polls.
+    pub fn poll_device(&self) {
+        self.inner.dev.poll_now();
     }
 
     /// This rank's wgpu queue.

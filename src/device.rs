@@ -42,6 +42,14 @@ pub(crate) struct RankDevice {
     /// Resources created so far (buffers, bind groups, pipelines): the
     /// steady-state allocation counter tests read.
     created: AtomicU64,
+    /// Held for every `Device::poll`. wgpu-core 30.0.2 races when two
+    /// threads poll one device at once: a poll that read the fence before
+    /// another poll drained the queue sees an empty queue and a fence below
+    /// its target, and panics on an internal assert (fixed upstream in
+    /// gfx-rs/wgpu#9958, not released in 30.x). A rank's device is polled by
+    /// its thread (`Work::wait`) and by the progress thread of every
+    /// communicator it belongs to, so polls take turns.
+    polling: Mutex<()>,
 }
 
 impl RankDevice {
@@ -110,6 +118,7 @@ impl RankDevice {
             pool: Mutex::new(BufferPool::default()),
             fault,
             created: AtomicU64::new(0),
+            polling: Mutex::new(()),
         }))
     }
 
@@ -318,10 +327,13 @@ impl RankDevice {
         limit: Duration,
         seq: Option<u64>,
     ) -> Result<bool> {
-        let r = self.device.poll(wgpu::PollType::Wait {
-            submission_index: Some(index.clone()),
-            timeout: Some(limit),
-        });
+        let r = {
+            let _turn = lock(&self.polling);
+            self.device.poll(wgpu::PollType::Wait {
+                submission_index: Some(index.clone()),
+                timeout: Some(limit),
+            })
+        };
         self.check(seq)?;
         match r {
             Ok(_) => Ok(true),
@@ -336,6 +348,7 @@ impl RankDevice {
 
     /// Drives callbacks without blocking.
     pub(crate) fn poll_now(&self) {
+        let _turn = lock(&self.polling);
         let _ = self.device.poll(wgpu::PollType::Poll);
     }
 

@@ -465,6 +465,53 @@ fn a_grid_of_split_communicators_runs_rows_and_columns_concurrently() {
     }
 }
 
+/// Three communicators per device (world, row, column) with collectives
+/// in flight on all of them while the rank thread waits and polls: every
+/// device is polled by four threads at once, round after round. wgpu-core
+/// 30.0.2 panics on concurrent polls of one device; the engine must take
+/// turns, and this is the test that caught it (once in a CI run).
+#[test]
+fn three_communicators_per_device_poll_concurrently_for_many_rounds() {
+    let w = world(4);
+    let rounds = 150;
+    let got = run(&w, "three communicators", |c| {
+        let r = c.rank();
+        let row = c.split(Some((r / 2) as u32), r)?.expect("row");
+        let col = c.split(Some((r % 2) as u32), r)?.expect("column");
+        let mut sums = Vec::new();
+        for i in 0..rounds {
+            let len = 1 + 997 * (i % 7);
+            let x = (r + i) as u32;
+            let a = row.all_reduce(&row.tensor(&vec![x; len])?, ReduceOp::Sum)?;
+            let b = col.all_reduce(&col.tensor(&vec![x; len])?, ReduceOp::Max)?;
+            let g = c.all_reduce(&c.tensor(&vec![x; len])?, ReduceOp::Sum)?;
+            while !(a.is_completed() && b.is_completed() && g.is_completed()) {
+                std::thread::yield_now();
+            }
+            let (a, b, g) = (a.wait()?, b.wait()?, g.wait()?);
+            sums.push((
+                a.to_vec::<u32>()?[len - 1],
+                b.to_vec::<u32>()?[len - 1],
+                g.to_vec::<u32>()?[0],
+            ));
+        }
+        Ok(sums)
+    });
+    for (r, sums) in got.into_iter().enumerate() {
+        let (row, col) = ([r / 2 * 2, r / 2 * 2 + 1], [r % 2, r % 2 + 2]);
+        for (i, (a, b, g)) in sums.into_iter().enumerate() {
+            let want_row = row.iter().map(|&p| (p + i) as u32).sum::<u32>();
+            let want_col = col.iter().map(|&p| (p + i) as u32).max().unwrap_or(0);
+            let want_all = (0..4).map(|p| (p + i) as u32).sum::<u32>();
+            assert_eq!(
+                (a, b, g),
+                (want_row, want_col, want_all),
+                "rank {r} round {i}"
+            );
+        }
+    }
+}
+
 #[test]
 fn split_into_singletons_and_no_color() {
     let w = world(3);

@@ -30,13 +30,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn wait(dev: &wgpu::Device, idx: wgpu::SubmissionIndex) -> Result<(), String> {
-    dev.poll(wgpu::PollType::Wait {
-        submission_index: Some(idx),
-        timeout: Some(Duration::from_secs(60)),
-    })
-    .map(|_| ())
-    .map_err(|e| format!("waiting for the device: {e}"))
+fn wait(c: &Communicator, idx: wgpu::SubmissionIndex) -> Result<(), String> {
+    match c.wait_submission(&idx, Duration::from_secs(60)) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the device did not finish in 60 s".into()),
+        Err(e) => Err(format!("waiting for the device: {e}")),
+    }
 }
 
 /// Maps `buf` once the submission in `enc` completes; the returned flag
@@ -52,13 +51,13 @@ fn map_on_submit(
     done
 }
 
-fn until_mapped(dev: &wgpu::Device, flag: &AtomicBool) -> Result<(), String> {
+fn until_mapped(c: &Communicator, flag: &AtomicBool) -> Result<(), String> {
     let give_up = Instant::now() + Duration::from_secs(60);
     while !flag.load(Ordering::Acquire) {
         if Instant::now() > give_up {
             return Err("a map never completed".into());
         }
-        let _ = dev.poll(wgpu::PollType::Poll);
+        c.poll_device();
         std::thread::yield_now();
     }
     Ok(())
@@ -90,7 +89,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
         let t = Instant::now();
-        wait(dev, queue.submit([enc.finish()]))?;
+        wait(c, queue.submit([enc.finish()]))?;
         if i > 0 {
             copy.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
         }
@@ -112,7 +111,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
     for i in 0..=reps {
         let t = Instant::now();
         if let Some(f) = &up_ready {
-            until_mapped(dev, f)?;
+            until_mapped(c, f)?;
         }
         up.get_mapped_range_mut(..)
             .map_err(|e| e.to_string())?
@@ -123,8 +122,8 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         enc.copy_buffer_to_buffer(&a, 0, &down, 0, bytes);
         let got = map_on_submit(&enc, &down, wgpu::MapMode::Read);
         up_ready = Some(map_on_submit(&enc, &up, wgpu::MapMode::Write));
-        wait(dev, queue.submit([enc.finish()]))?;
-        until_mapped(dev, &got)?;
+        wait(c, queue.submit([enc.finish()]))?;
+        until_mapped(c, &got)?;
         dst.copy_from_slice(&down.get_mapped_range(..).map_err(|e| e.to_string())?);
         down.unmap();
         if i > 0 {
@@ -137,7 +136,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         drop(enc.begin_compute_pass(&Default::default()));
         let t = Instant::now();
-        wait(dev, queue.submit([enc.finish()]))?;
+        wait(c, queue.submit([enc.finish()]))?;
         if i > 0 {
             fence.push(t.elapsed().as_secs_f64() * 1e6);
         }
