@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use wgpu_collectives::{DType, ReduceOp, World, WorldConfig, reduction_wgsl};
+use wgpu_collectives::{DType, ReduceOp, World, WorldConfig, reduction_wgsl, reduction_workgroups};
 
 fn world(n: usize) -> World {
     World::new(WorldConfig::new(n)).expect("a world (is an adapter installed?)")
@@ -68,8 +68,12 @@ fn reduction_kernel(c: &mut Criterion) {
                 },
             ],
         });
-        let unit = if dtype.size() == 2 { 8 } else { 16 };
-        let groups = (bytes / unit).div_ceil(256) as u32;
+        let groups = reduction_workgroups(
+            comm.adapter_info().device_type,
+            dtype,
+            bytes,
+            dev.limits().max_compute_workgroups_per_dimension,
+        );
         group.bench_function(BenchmarkId::from_parameter(dtype.name()), |b| {
             b.iter_custom(|iters| {
                 let mut enc = dev.create_command_encoder(&Default::default());

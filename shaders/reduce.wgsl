@@ -48,10 +48,18 @@ fn reduce_unit(a: U, b: U) -> U {
     return v;
 }
 
+// A grid-stride loop: any number of workgroups covers the slice. GPUs get
+// one unit per invocation (occupancy hides memory latency); CPU adapters
+// get few workgroups of many units each, since there the cost is per
+// workgroup scheduled (see `reduction_workgroups` in kernels.rs).
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if i < arrayLength(&dst) {
+fn main(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    let stride = groups.x * 256u;
+    let n = arrayLength(&dst);
+    for (var i = gid.x; i < n; i += stride) {
         dst[i] = reduce_unit(dst[i], src[i]);
     }
 }

@@ -59,7 +59,7 @@ pub struct ReadmeDoctests;
 pub use comm::Communicator;
 pub use cost::{Algorithm, CostModel};
 pub use error::{Error, Result};
-pub use kernels::reduction_wgsl;
+pub use kernels::{reduction_wgsl, reduction_workgroups};
 pub use op::ReduceOp;
 pub use profile::Profile;
 pub use tensor::{DType, Element, Tensor};
