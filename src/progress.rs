@@ -300,6 +300,7 @@ fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
             fp: w.fp,
             from: w.rank,
             data,
+            lent: None,
         },
     )?;
     let p = link.take((w.rank + n - 1) % n, 0, w)?;

@@ -8,6 +8,15 @@
 //! channel, later (ranks in several processes) an MPI message, with nothing
 //! above this module knowing which.
 //!
+//! Ranks in one process can do with one host copy per hop instead of two:
+//! the sender *lends* its mapped read-back buffer ([`Lent`]) and the
+//! receiver copies straight out of it into its own upload buffer. A lent
+//! buffer is reused only when every holder has dropped its handle, and a
+//! receiver that forwards the same bytes (the all-gather half of a ring)
+//! passes the handle on rather than copying again. Ring steps lend on
+//! adapters whose upload buffers kernels read directly (CPU and integrated
+//! GPUs), where the host copies are what a hop costs.
+//!
 //! Packets are recycled through a pool shared by the group, so in steady
 //! state a collective allocates no host memory; device staging buffers are
 //! made once per communicator and reused.
@@ -24,11 +33,40 @@ use crate::fingerprint::Fingerprint;
 use crate::health::Waiter;
 
 /// One slice in flight from one rank to another, with the sender's view of
-/// which collective it belongs to.
+/// which collective it belongs to. The bytes are `data`, or the lent
+/// buffer when there is one.
 pub(crate) struct Packet {
     pub fp: Fingerprint,
     pub from: usize,
     pub data: Vec<u8>,
+    pub lent: Option<Lent>,
+}
+
+impl Packet {
+    fn len(&self) -> usize {
+        self.lent
+            .as_ref()
+            .map_or(self.data.len(), |l| l.bytes as usize)
+    }
+}
+
+/// A mapped read-back buffer of another rank, lent for reading its first
+/// `bytes`. Its owner maps it for writing again only once every `Lent` of
+/// it is gone.
+#[derive(Clone)]
+pub(crate) struct Lent {
+    buf: wgpu::Buffer,
+    bytes: u64,
+    _hold: Arc<()>,
+}
+
+impl Lent {
+    /// The lent bytes.
+    pub(crate) fn view(&self, w: &Waiter) -> Result<wgpu::BufferView> {
+        self.buf
+            .get_mapped_range(..self.bytes)
+            .map_err(|e| w.device_error(format!("reading a lent buffer: {e}")))
+    }
 }
 
 /// One rank's ends of the links to every other rank of a group.
@@ -110,10 +148,10 @@ impl Endpoint {
             // Same collective, different schedule: only a bug would get here.
             (
                 format!("{} expecting {bytes} bytes", w.fp),
-                format!("{} sending {} bytes", p.fp, p.data.len()),
+                format!("{} sending {} bytes", p.fp, p.len()),
             )
         };
-        if p.fp != w.fp || p.data.len() != bytes {
+        if p.fp != w.fp || p.len() != bytes {
             return Err(Error::Mismatch {
                 rank: self.rank,
                 seq: w.fp.seq,
@@ -210,6 +248,18 @@ impl Staging {
 /// upload's copy is still running on the device.
 const UPLOAD_SLOTS: usize = 3;
 
+/// Read-back buffers that can be out on loan at once. A ring never has a
+/// rank more than this many steps ahead of its successor on lent buffers,
+/// and no cycle of waits can form: each rank drops what it received
+/// before it waits for a buffer of its own.
+const LEND_SLOTS: usize = 4;
+
+/// A read-back buffer that is lent out, and the count of its holders.
+struct LendSlot {
+    staging: Staging,
+    hold: Arc<()>,
+}
+
 /// The device side of hops for one communicator on one rank: a read-back
 /// buffer, a ring of upload buffers and a scratch buffer the reductions read.
 pub(crate) struct Stager {
@@ -221,6 +271,9 @@ pub(crate) struct Stager {
     used: Vec<usize>,
     readback_armed: bool,
     scratch: Option<wgpu::Buffer>,
+    lends: Vec<LendSlot>,
+    next_lend: usize,
+    lend_armed: Option<usize>,
 }
 
 impl Stager {
@@ -234,7 +287,15 @@ impl Stager {
             used: Vec::new(),
             readback_armed: false,
             scratch: None,
+            lends: Vec::new(),
+            next_lend: 0,
+            lend_armed: None,
         }
+    }
+
+    /// Whether ring steps lend their read-back buffers (see the module docs).
+    pub(crate) fn lends(&self) -> bool {
+        self.dev.unified
     }
 
     /// Starts the next collective on the first upload buffer, so that a
@@ -242,6 +303,7 @@ impl Stager {
     /// its bind groups cached).
     pub(crate) fn rewind(&mut self) {
         self.next_upload = 0;
+        self.next_lend = 0;
     }
 
     /// Forgets every staging buffer: after a failed collective their map
@@ -253,6 +315,8 @@ impl Stager {
         self.used.clear();
         self.readback_armed = false;
         self.scratch = None;
+        self.lends.clear();
+        self.lend_armed = None;
     }
 
     /// Makes sure every staging buffer holds at least `bytes`. Buffers are
@@ -284,6 +348,25 @@ impl Stager {
         } else {
             Some(dev.create_buffer("scratch", bytes, U::STORAGE | U::COPY_DST, false)?)
         };
+        self.lends = if self.lends() {
+            (0..LEND_SLOTS)
+                .map(|_| {
+                    Ok(LendSlot {
+                        staging: Staging::new(
+                            dev,
+                            "lent",
+                            bytes,
+                            U::MAP_READ | U::COPY_DST,
+                            false,
+                        )?,
+                        hold: Arc::new(()),
+                    })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        self.next_lend = 0;
         self.capacity = bytes;
         self.next_upload = 0;
         self.used.clear();
@@ -308,6 +391,58 @@ impl Stager {
         rb.arm(enc, wgpu::MapMode::Read);
         self.readback_armed = true;
         Ok(())
+    }
+
+    /// Records a copy of `src[off..off + bytes]` into the next buffer to
+    /// lend, once its last borrower has let go of it.
+    pub(crate) fn encode_lend(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        off: u64,
+        bytes: u64,
+        w: &Waiter,
+    ) -> Result<()> {
+        let i = self.next_lend;
+        let slot = self
+            .lends
+            .get_mut(i)
+            .ok_or_else(|| w.device_error("lending before reserve".into()))?;
+        w.until(
+            || format!("the next rank to let go of a lent buffer of {}", w.fp),
+            |tick| {
+                if Arc::strong_count(&slot.hold) == 1 {
+                    // Pairs with the release of the borrowers' drops.
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    return Ok(Some(()));
+                }
+                std::thread::sleep(tick.min(std::time::Duration::from_micros(100)));
+                Ok(None)
+            },
+        )?;
+        if slot.staging.state.load(Ordering::Acquire) == MAP_READY {
+            slot.staging.buf.unmap();
+        }
+        enc.copy_buffer_to_buffer(src, off, &slot.staging.buf, 0, bytes);
+        slot.staging.arm(enc, wgpu::MapMode::Read);
+        self.lend_armed = Some(i);
+        self.next_lend = (i + 1) % self.lends.len();
+        Ok(())
+    }
+
+    /// After the lending submission: the handle to post.
+    pub(crate) fn finish_lend(&mut self, bytes: u64, w: &Waiter) -> Result<Lent> {
+        let i = (self.next_lend + self.lends.len() - 1) % self.lends.len().max(1);
+        let slot = self
+            .lends
+            .get(i)
+            .ok_or_else(|| w.device_error("lending before reserve".into()))?;
+        slot.staging.mapped(w, "lent")?;
+        Ok(Lent {
+            buf: slot.staging.buf.clone(),
+            bytes,
+            _hold: slot.hold.clone(),
+        })
     }
 
     /// After the download's submission: appends the slice to `out`.
@@ -402,6 +537,11 @@ impl Stager {
     pub(crate) fn submitted(&mut self, idx: &wgpu::SubmissionIndex) {
         for i in self.used.drain(..) {
             self.uploads[i].last_use = Some(idx.clone());
+        }
+        if let Some(i) = self.lend_armed.take() {
+            if let Some(slot) = self.lends.get_mut(i) {
+                slot.staging.last_use = Some(idx.clone());
+            }
         }
         if std::mem::take(&mut self.readback_armed) {
             if let Some(rb) = self.readback.as_mut() {

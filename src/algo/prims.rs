@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::health::Waiter;
 use crate::kernels::Reducer;
 use crate::profile::{Counters, Timestamps};
-use crate::transport::{Endpoint, Packet, Stager};
+use crate::transport::{Endpoint, Lent, Packet, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +115,31 @@ impl<'a> Prims<'a> {
             fp: self.w.fp,
             from: self.w.rank,
             data,
+            lent: None,
         }
+    }
+
+    /// Sends `span` of the buffer to the next rank, after the steps
+    /// recorded in `enc`: lent where ring steps lend, else copied into a
+    /// packet.
+    fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
+        let next = self.next();
+        if !self.stage.lends() {
+            let mut data = self.link.buffer();
+            self.download(enc, span, &mut data)?;
+            return self.link.post(next, self.packet(data));
+        }
+        let t = Instant::now();
+        let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
+        self.stage
+            .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w)?;
+        let idx = self.submit(enc)?;
+        let lent: Lent = self.stage.finish_lend(bytes, &self.w)?;
+        self.last = Some(idx);
+        self.took_move(t);
+        let mut p = self.packet(Vec::new());
+        p.lent = Some(lent);
+        self.link.post(next, p)
     }
 
     /// Copies `bytes` from `src[src_off..]` to `dst[dst_off..]` on the
@@ -190,6 +214,23 @@ impl<'a> Prims<'a> {
         Ok(ts.next())
     }
 
+    /// Records the bytes of `p` into `span` of the buffer, as [`Self::absorb`].
+    fn absorb_packet(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        span: Span,
+        p: &Packet,
+        reducer: Option<&Reducer>,
+    ) -> Result<()> {
+        match &p.lent {
+            Some(lent) => {
+                let view = lent.view(&self.w)?;
+                self.absorb(enc, span, &view, reducer)
+            }
+            None => self.absorb(enc, span, &p.data, reducer),
+        }
+    }
+
     /// Records the received bytes into `span` of the buffer, reduced with
     /// `reducer` or stored as they are.
     fn absorb(
@@ -227,28 +268,26 @@ impl<'a> Prims<'a> {
         if span.words == 0 {
             return Ok(());
         }
-        let mut data = self.link.buffer();
-        self.download(self.w.dev.encoder(), span, &mut data)?;
-        self.link.post(self.next(), self.packet(data))
+        self.send_after(self.w.dev.encoder(), span)
     }
 
     fn recv_reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
         if span.words == 0 {
             return Ok(());
         }
-        let mut p = self.take_packet(self.prev(), span.bytes())?;
+        let p = self.take_packet(self.prev(), span.bytes())?;
         let r = self.reducer(last)?;
         let mut enc = self.w.dev.encoder();
-        self.absorb(&mut enc, span, &p.data, Some(&r))?;
+        self.absorb_packet(&mut enc, span, &p, Some(&r))?;
+        // Let go of the bytes (a lent buffer goes back to its owner)
+        // before waiting for anything of our own.
+        self.link.recycle(p.data);
+        drop(p.lent);
         if !forward {
             self.last = Some(self.submit(enc)?);
-            self.link.recycle(p.data);
             return Ok(());
         }
-        p.data.clear();
-        self.download(enc, span, &mut p.data)?;
-        let next = self.next();
-        self.link.post(next, self.packet(p.data))
+        self.send_after(enc, span)
     }
 
     /// Receives a partial result for `span` from the previous rank, reduces
@@ -271,32 +310,33 @@ impl<'a> Prims<'a> {
     /// Receives the final value of `span`, stores it and forwards the very
     /// same bytes (no device round trip).
     pub(crate) fn recv_copy_send(&mut self, span: Span) -> Result<()> {
-        if let Some(data) = self.recv_store(span)? {
+        if let Some(mut p) = self.recv_store(span)? {
+            p.from = self.w.rank;
             let next = self.next();
-            self.link.post(next, self.packet(data))?;
+            self.link.post(next, p)?;
         }
         Ok(())
     }
 
     /// Receives the final value of `span` and stores it.
     pub(crate) fn recv(&mut self, span: Span) -> Result<()> {
-        if let Some(data) = self.recv_store(span)? {
-            self.link.recycle(data);
+        if let Some(p) = self.recv_store(span)? {
+            self.link.recycle(p.data);
         }
         Ok(())
     }
 
     /// Receives `span` from the previous rank and stores it (no wait);
-    /// returns the received bytes, `None` for an empty span.
-    fn recv_store(&mut self, span: Span) -> Result<Option<Vec<u8>>> {
+    /// returns the received packet, `None` for an empty span.
+    fn recv_store(&mut self, span: Span) -> Result<Option<Packet>> {
         if span.words == 0 {
             return Ok(None);
         }
         let p = self.take_packet(self.prev(), span.bytes())?;
         let mut enc = self.w.dev.encoder();
-        self.absorb(&mut enc, span, &p.data, None)?;
+        self.absorb_packet(&mut enc, span, &p, None)?;
         self.last = Some(self.submit(enc)?);
-        Ok(Some(p.data))
+        Ok(Some(p))
     }
 
     /// `span` of the working buffer, on the host (in a pooled packet buffer).
@@ -369,7 +409,12 @@ impl<'a> Prims<'a> {
 
     /// Receives `bytes` bytes from `peer` (point to point).
     pub(crate) fn take(&mut self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
-        Ok(self.take_packet(peer, bytes)?.data)
+        let mut p = self.take_packet(peer, bytes)?;
+        if let Some(lent) = p.lent.take() {
+            p.data.clear();
+            p.data.extend_from_slice(&lent.view(&self.w)?);
+        }
+        Ok(p.data)
     }
 
     /// Gives a received buffer back to the packet pool.
