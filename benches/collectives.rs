@@ -25,7 +25,7 @@ fn wait(comm: &wgpu_collectives::Communicator, idx: wgpu::SubmissionIndex) {
 fn reduction_kernel(c: &mut Criterion) {
     let w = world(1);
     let comm = w.communicator(0).expect("rank 0");
-    let (dev, queue) = (comm.device(), comm.queue());
+    let dev = comm.device();
     let bytes: u64 = 4 << 20;
     let buffer = || {
         dev.create_buffer(&wgpu::BufferDescriptor {
@@ -84,7 +84,7 @@ fn reduction_kernel(c: &mut Criterion) {
                     pass.dispatch_workgroups(groups, 1, 1);
                 }
                 let start = Instant::now();
-                wait(comm, queue.submit([enc.finish()]));
+                wait(comm, comm.submit(enc.finish()));
                 start.elapsed()
             })
         });
@@ -96,12 +96,12 @@ fn reduction_kernel(c: &mut Criterion) {
 fn fence_round_trip(c: &mut Criterion) {
     let w = world(1);
     let comm = w.communicator(0).expect("rank 0");
-    let (dev, queue) = (comm.device(), comm.queue());
+    let dev = comm.device();
     c.bench_function("fence_round_trip", |b| {
         b.iter(|| {
             let mut enc = dev.create_command_encoder(&Default::default());
             drop(enc.begin_compute_pass(&Default::default()));
-            wait(comm, queue.submit([enc.finish()]));
+            wait(comm, comm.submit(enc.finish()));
         })
     });
 }

@@ -173,10 +173,12 @@ impl Communicator {
 
     /// This rank's wgpu device.
     ///
-    /// Poll it through [`Communicator::wait_submission`] and
-    /// [`Communicator::poll_device`], not `Device::poll`: the engine's
-    /// threads poll this device too, and wgpu 30.0.2 panics when two
-    /// threads poll one device at the same moment, so polls take turns.
+    /// Submit and poll through [`Communicator::submit`],
+    /// [`Communicator::wait_submission`] and [`Communicator::poll_device`],
+    /// not `Queue::submit` and `Device::poll`: the engine's threads poll
+    /// this device too, and wgpu 30.0.2 can panic when two threads poll one
+    /// device at the same moment (a submission polls too), so they take
+    /// turns.
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.dev.device
     }
@@ -198,7 +200,14 @@ impl Communicator {
         self.inner.dev.poll_now();
     }
 
-    /// This rank's wgpu queue.
+    /// Submits `commands` on this rank's queue, taking turns with the
+    /// engine's own polls of the device (see [`Communicator::device`]).
+    pub fn submit(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
+        let dev = &self.inner.dev;
+        dev.with_turn(|| dev.queue.submit([commands]))
+    }
+
+    /// This rank's wgpu queue (see [`Communicator::device`] on submitting).
     pub fn queue(&self) -> &wgpu::Queue {
         &self.inner.dev.queue
     }

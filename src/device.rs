@@ -17,6 +17,11 @@ use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 
 /// A rank's device and queue, plus what we learned about its adapter.
+/// The longest a blocking device wait holds the device's turn (see
+/// `RankDevice::polling`): long next to a fence round trip (tens of
+/// microseconds), short next to the reduction of a slice.
+const POLL_SLICE: Duration = Duration::from_millis(1);
+
 pub(crate) struct RankDevice {
     /// The rank in the world.
     pub rank: usize,
@@ -42,13 +47,15 @@ pub(crate) struct RankDevice {
     /// Resources created so far (buffers, bind groups, pipelines): the
     /// steady-state allocation counter tests read.
     created: AtomicU64,
-    /// Held for every `Device::poll`. wgpu-core 30.0.2 races when two
-    /// threads poll one device at once: a poll that read the fence before
-    /// another poll drained the queue sees an empty queue and a fence below
-    /// its target, and panics on an internal assert (fixed upstream in
-    /// gfx-rs/wgpu#9958, not released in 30.x). A rank's device is polled by
-    /// its thread (`Work::wait`) and by the progress thread of every
-    /// communicator it belongs to, so polls take turns.
+    /// Held for every `Device::poll` and `Queue::submit` (which polls
+    /// internally). wgpu-core 30.0.2 races when two threads poll one device
+    /// at once: a timed wait that read the fence before another poll
+    /// drained the queue sees an empty queue and a fence below its target,
+    /// and panics on an internal assert (fixed upstream in gfx-rs/wgpu#9958,
+    /// not released in 30.x). A rank's device is polled by its thread
+    /// (`Work::wait`) and by the progress thread of every communicator it
+    /// belongs to, so they take turns; blocking waits hold it for at most
+    /// [`POLL_SLICE`] at a time, so a submission never waits longer.
     polling: Mutex<()>,
 }
 
@@ -315,7 +322,11 @@ impl RankDevice {
         encoder: wgpu::CommandEncoder,
         seq: Option<u64>,
     ) -> Result<wgpu::SubmissionIndex> {
-        let index = self.queue.submit([encoder.finish()]);
+        let commands = encoder.finish();
+        let index = {
+            let _turn = lock(&self.polling);
+            self.queue.submit([commands])
+        };
         self.check(seq)?;
         Ok(index)
     }
@@ -327,23 +338,41 @@ impl RankDevice {
         limit: Duration,
         seq: Option<u64>,
     ) -> Result<bool> {
-        let r = {
-            let _turn = lock(&self.polling);
-            self.device.poll(wgpu::PollType::Wait {
-                submission_index: Some(index.clone()),
-                timeout: Some(limit),
-            })
-        };
-        self.check(seq)?;
-        match r {
-            Ok(_) => Ok(true),
-            Err(wgpu::PollError::Timeout) => Ok(false),
-            Err(e) => Err(Error::device(
-                self.rank,
-                seq,
-                format!("waiting for a submission: {e}"),
-            )),
+        let deadline = Instant::now() + limit;
+        loop {
+            let slice = deadline
+                .saturating_duration_since(Instant::now())
+                .min(POLL_SLICE);
+            let r = {
+                let _turn = lock(&self.polling);
+                self.device.poll(wgpu::PollType::Wait {
+                    submission_index: Some(index.clone()),
+                    timeout: Some(slice),
+                })
+            };
+            self.check(seq)?;
+            match r {
+                Ok(_) => return Ok(true),
+                Err(wgpu::PollError::Timeout) if Instant::now() < deadline => {
+                    // Let a submission or another waiter take its turn.
+                    std::thread::yield_now();
+                }
+                Err(wgpu::PollError::Timeout) => return Ok(false),
+                Err(e) => {
+                    return Err(Error::device(
+                        self.rank,
+                        seq,
+                        format!("waiting for a submission: {e}"),
+                    ));
+                }
+            }
         }
+    }
+
+    /// Runs `f` holding the device's turn (see `polling`).
+    pub(crate) fn with_turn<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _turn = lock(&self.polling);
+        f()
     }
 
     /// Drives callbacks without blocking.

@@ -76,7 +76,7 @@ fn buffer(dev: &wgpu::Device, size: u64, usage: wgpu::BufferUsages, mapped: bool
 pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
     use wgpu::BufferUsages as U;
     let c: &Communicator = world.communicator(0).ok_or("no rank 0")?;
-    let (dev, queue) = (c.device(), c.queue());
+    let dev = c.device();
     let bytes = bytes.clamp(1 << 20, 64 << 20);
     let reps = 5;
 
@@ -89,7 +89,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
         let t = Instant::now();
-        wait(c, queue.submit([enc.finish()]))?;
+        wait(c, c.submit(enc.finish()))?;
         if i > 0 {
             copy.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
         }
@@ -122,7 +122,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         enc.copy_buffer_to_buffer(&a, 0, &down, 0, bytes);
         let got = map_on_submit(&enc, &down, wgpu::MapMode::Read);
         up_ready = Some(map_on_submit(&enc, &up, wgpu::MapMode::Write));
-        wait(c, queue.submit([enc.finish()]))?;
+        wait(c, c.submit(enc.finish()))?;
         until_mapped(c, &got)?;
         dst.copy_from_slice(&down.get_mapped_range(..).map_err(|e| e.to_string())?);
         down.unmap();
@@ -136,7 +136,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         drop(enc.begin_compute_pass(&Default::default()));
         let t = Instant::now();
-        wait(c, queue.submit([enc.finish()]))?;
+        wait(c, c.submit(enc.finish()))?;
         if i > 0 {
             fence.push(t.elapsed().as_secs_f64() * 1e6);
         }
