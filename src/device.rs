@@ -16,12 +16,12 @@ use crate::compute::Compute;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 
-/// A rank's device and queue, plus what we learned about its adapter.
 /// The longest a blocking device wait holds the device's turn (see
 /// `RankDevice::polling`): long next to a fence round trip (tens of
 /// microseconds), short next to the reduction of a slice.
 const POLL_SLICE: Duration = Duration::from_millis(1);
 
+/// A rank's device and queue, plus what we learned about its adapter.
 pub(crate) struct RankDevice {
     /// The rank in the world.
     pub rank: usize,
@@ -323,10 +323,7 @@ impl RankDevice {
         seq: Option<u64>,
     ) -> Result<wgpu::SubmissionIndex> {
         let commands = encoder.finish();
-        let index = {
-            let _turn = lock(&self.polling);
-            self.queue.submit([commands])
-        };
+        let index = self.with_turn(|| self.queue.submit([commands]));
         self.check(seq)?;
         Ok(index)
     }
@@ -343,13 +340,12 @@ impl RankDevice {
             let slice = deadline
                 .saturating_duration_since(Instant::now())
                 .min(POLL_SLICE);
-            let r = {
-                let _turn = lock(&self.polling);
+            let r = self.with_turn(|| {
                 self.device.poll(wgpu::PollType::Wait {
                     submission_index: Some(index.clone()),
                     timeout: Some(slice),
                 })
-            };
+            });
             self.check(seq)?;
             match r {
                 Ok(_) => return Ok(true),
@@ -377,8 +373,7 @@ impl RankDevice {
 
     /// Drives callbacks without blocking.
     pub(crate) fn poll_now(&self) {
-        let _turn = lock(&self.polling);
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = self.with_turn(|| self.device.poll(wgpu::PollType::Poll));
     }
 
     /// Waits for `index` at most the device timeout.

@@ -64,7 +64,8 @@ impl DType {
         (len * self.size()).div_ceil(16) * 4
     }
 
-    /// Bytes one kernel invocation handles (see `shaders/reduce.wgsl`).
+    /// Bytes of the unit the reduction kernel loads at once (see
+    /// `shaders/reduce.wgsl`).
     pub(crate) fn unit_bytes(self) -> u64 {
         match self.size() {
             2 => 8,

@@ -432,7 +432,11 @@ impl Stager {
 
     /// After the lending submission: the handle to post.
     pub(crate) fn finish_lend(&mut self, bytes: u64, w: &Waiter) -> Result<Lent> {
-        let i = (self.next_lend + self.lends.len() - 1) % self.lends.len().max(1);
+        // The slot `encode_lend` just used.
+        let i = self
+            .next_lend
+            .checked_sub(1)
+            .unwrap_or(self.lends.len().saturating_sub(1));
         let slot = self
             .lends
             .get(i)
