@@ -1,7 +1,8 @@
 //! `Communicator`: one rank's view of a group, and how collectives are issued.
 //!
-//! A collective call only checks its arguments, allocates its outputs and
-//! queues an op for the communicator's progress thread (`progress.rs`); it
+//! A collective call only checks its arguments and queues an op for the
+//! communicator's progress thread (`progress.rs`), which takes the output
+//! from the device's pool when the op starts (see `progress::Output`); it
 //! returns a [`Work`] at once, so the caller's thread is free to keep
 //! issuing compute while the ring runs. Collectives of one communicator run
 //! in issue order on every rank, which is what keeps every rank's steps in
@@ -23,7 +24,7 @@ use crate::flight::State;
 use crate::health::Health;
 use crate::op::ReduceOp;
 use crate::profile::{Counters, Profile};
-use crate::progress::{Args, Op, Progress};
+use crate::progress::{Args, Op, Output, Progress};
 use crate::tensor::{DType, Element, Tensor};
 use crate::transport::{Endpoint, Stager};
 use crate::work::{Work, WorkState};
@@ -68,7 +69,7 @@ impl std::fmt::Debug for Communicator {
 struct Call {
     kind: Kind,
     inputs: Vec<Tensor>,
-    outputs: Vec<Tensor>,
+    outputs: Vec<Output>,
     dtype: DType,
     len: usize,
     op: Option<ReduceOp>,
@@ -80,7 +81,7 @@ struct Call {
 impl Call {
     /// A call that moves no tensor (barrier, split): `out` is an empty
     /// placeholder so that its `Work` has something to return.
-    fn control(kind: Kind, out: Tensor, args: Args) -> Call {
+    fn control(kind: Kind, out: Output, args: Args) -> Call {
         Call {
             kind,
             inputs: Vec::new(),
@@ -94,7 +95,7 @@ impl Call {
         }
     }
 
-    fn new(kind: Kind, x: &Tensor, out: Tensor) -> Call {
+    fn new(kind: Kind, x: &Tensor, out: Output) -> Call {
         Call {
             kind,
             dtype: x.dtype(),
@@ -249,8 +250,23 @@ impl Communicator {
         Tensor::zeros(&self.inner.dev, dtype, len)
     }
 
-    fn output(&self, dtype: DType, len: usize) -> Result<Tensor> {
-        Tensor::output(&self.inner.dev, dtype, len)
+    /// A new output of `len` elements, made when the op starts; its size is
+    /// checked now, so that a tensor too large fails at the call.
+    fn output(&self, dtype: DType, len: usize) -> Result<Output> {
+        let dev = &self.inner.dev;
+        let bytes = Tensor::buffer_size(dev, dtype, len);
+        if bytes > dev.limits.max_buffer_size {
+            return Err(Error::device(
+                self.rank(),
+                None,
+                format!(
+                    "an output of {len} {dtype} elements needs {bytes} bytes: larger than \
+                     this adapter's max_buffer_size ({} bytes)",
+                    dev.limits.max_buffer_size
+                ),
+            ));
+        }
+        Ok(Output::New { dtype, len })
     }
 
     /// Sum (or another reduction) of `x` over all ranks, into a new tensor.
@@ -269,7 +285,7 @@ impl Communicator {
         self.check_reduce(x, op)?;
         self.issue(Call {
             op: Some(op),
-            ..Call::new(Kind::AllReduce, x, x.clone())
+            ..Call::new(Kind::AllReduce, x, Output::Given(x.clone()))
         })
     }
 
@@ -409,7 +425,7 @@ impl Communicator {
         &self,
         kind: Kind,
         xs: &[Tensor],
-        outputs: Vec<Tensor>,
+        outputs: Vec<Output>,
         dtype: DType,
         op: Option<ReduceOp>,
     ) -> Result<Work> {
@@ -580,7 +596,7 @@ impl Communicator {
             seq: fp.seq,
         })?;
         inner.inflight.fetch_add(1, Ordering::AcqRel);
-        let outputs = call.outputs.clone();
+        let shape = call.outputs.first().map_or((0, DType::F32), Output::shape);
         let op = Op {
             fp,
             inputs: call.inputs,
@@ -600,7 +616,7 @@ impl Communicator {
         inner.health.flight.record(inner.rank, fp, State::Enqueued);
         Ok(Work::new(
             state,
-            outputs,
+            shape,
             inner.dev.clone(),
             inner.health.clone(),
             fp,

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
 use crate::health::{Health, Waiter};
+use crate::kernels::Reducer;
 use crate::op::ReduceOp;
 use crate::profile::{Counters, Timestamps};
 use crate::tensor::{DType, Tensor};
@@ -44,11 +45,39 @@ pub(crate) enum Args {
     },
 }
 
+/// An op's output: the caller's tensor (in place), or a new one that the
+/// progress thread takes from the device's pool when the op starts. Taking
+/// it then, not at the call, bounds the live outputs by what callers hold:
+/// a queue of out-of-place collectives whose results are dropped (or used
+/// one at a time) runs on recycled buffers instead of a fresh allocation
+/// per call, each zeroed by wgpu and faulted in by the driver.
+pub(crate) enum Output {
+    Given(Tensor),
+    New { dtype: DType, len: usize },
+}
+
+impl Output {
+    /// Length and dtype.
+    pub(crate) fn shape(&self) -> (usize, DType) {
+        match self {
+            Output::Given(t) => (t.len(), t.dtype()),
+            Output::New { dtype, len } => (*len, *dtype),
+        }
+    }
+
+    fn tensor(&self, dev: &Arc<RankDevice>) -> Result<Tensor> {
+        match self {
+            Output::Given(t) => Ok(t.clone()),
+            Output::New { dtype, len } => Tensor::output(dev, *dtype, *len),
+        }
+    }
+}
+
 /// One queued collective.
 pub(crate) struct Op {
     pub fp: Fingerprint,
     pub inputs: Vec<Tensor>,
-    pub outputs: Vec<Tensor>,
+    pub outputs: Vec<Output>,
     pub args: Args,
     pub state: Arc<WorkState>,
 }
@@ -96,22 +125,23 @@ impl Progress {
             self.health
                 .flight
                 .record(self.rank, op.fp, State::InProgress);
+            let mut outs = Vec::new();
             let result = match self.health.check(self.rank, op.fp.seq) {
                 Err(e) => Err(e),
-                Ok(()) => {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&op)))
-                        .unwrap_or_else(|p| {
-                            Err(Error::device(
-                                self.rank,
-                                Some(op.fp.seq),
-                                format!("internal error: {}", crate::comm::panic_message(&p)),
-                            ))
-                        })
-                }
+                Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.execute(&op, &mut outs)
+                }))
+                .unwrap_or_else(|p| {
+                    Err(Error::device(
+                        self.rank,
+                        Some(op.fp.seq),
+                        format!("internal error: {}", crate::comm::panic_message(&p)),
+                    ))
+                }),
             };
             // Let go of the tensors before anyone hears the op is done: a
             // caller that then drops its output must find it back in the
-            // pool, not still held here.
+            // pool, not still held here (nor in the state, once its Work is gone).
             let Op {
                 fp,
                 state,
@@ -125,6 +155,7 @@ impl Progress {
                     self.health.flight.record(self.rank, fp, State::Completed);
                     self.gpu_pending.fetch_add(1, Ordering::AcqRel);
                     let (done, pending) = (state.clone(), self.gpu_pending.clone());
+                    state.put_outputs(outs);
                     state.issued(idx);
                     self.dev.queue.on_submitted_work_done(move || {
                         done.gpu_done();
@@ -132,6 +163,7 @@ impl Progress {
                     });
                 }
                 Err(e) => {
+                    drop(outs);
                     // The schedule is broken for everyone: make peers fail now, not at their timeout.
                     let origin = match &e {
                         Error::PeerFailed { peer, .. } => *peer,
@@ -147,8 +179,9 @@ impl Progress {
         }
     }
 
-    /// Runs one collective; returns the submission that last writes its outputs.
-    fn execute(&mut self, op: &Op) -> Result<wgpu::SubmissionIndex> {
+    /// Runs one collective into `outs` (its outputs, made here); returns
+    /// the submission that last writes them.
+    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<wgpu::SubmissionIndex> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {
@@ -164,16 +197,23 @@ impl Progress {
         if n > 1 {
             handshake(&self.endpoint, &waiter, n)?;
         }
-        let (reduce, finish) = match op.fp.op {
-            Some(o) if n > 1 => {
-                let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
-                (
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, 0)?),
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, divisor)?),
-                )
-            }
-            _ => (None, None),
+        for o in &op.outputs {
+            outs.push(o.tensor(&dev)?);
+        }
+        let reducers = |into: bool| -> Result<(Option<Reducer>, Option<Reducer>)> {
+            Ok(match op.fp.op {
+                Some(o) if n > 1 => {
+                    let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
+                    let k = &dev.kernels;
+                    (
+                        Some(k.reducer(&dev, op.fp.dtype, o, 0, into)?),
+                        Some(k.reducer(&dev, op.fp.dtype, o, divisor, into)?),
+                    )
+                }
+                _ => (None, None),
+            })
         };
+        let (reduce, finish) = reducers(false)?;
         let first = dev.submit(dev.encoder(), Some(op.fp.seq))?;
         self.stage.rewind();
         let profiling = self.counters.enabled();
@@ -182,7 +222,7 @@ impl Progress {
         }
         // Barrier and split move no tensor; their schedules still want a buffer.
         let spare;
-        let buf = match op.outputs.first().or(op.inputs.first()) {
+        let buf = match outs.first().or(op.inputs.first()) {
             Some(t) => t.buffer().clone(),
             None => {
                 spare = scratch(&dev, 4)?;
@@ -194,6 +234,7 @@ impl Progress {
             link: &self.endpoint,
             stage: &mut self.stage,
             buf,
+            input: None,
             reduce,
             finish,
             nranks: n,
@@ -205,13 +246,11 @@ impl Progress {
                 None
             },
         };
-        let (ins, outs) = (&op.inputs, &op.outputs);
+        let (ins, outs) = (&op.inputs, &outs[..]);
         match (op.fp.kind, &op.args) {
             (Kind::AllReduce, _) => {
                 let (x, out) = (&ins[0], &outs[0]);
-                if x.buffer() != out.buffer() {
-                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                }
+                let in_place = x.buffer() == out.buffer();
                 p.buf = out.buffer().clone();
                 let words = x.words();
                 // One shot only where it is one round of the ring: then it
@@ -222,10 +261,22 @@ impl Progress {
                     && n > 1
                     && words > 0
                 {
+                    if !in_place {
+                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                    }
                     let stride = words.div_ceil(p.align_words()) * p.align_words();
                     let all = scratch(&dev, n * stride)?;
                     oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
+                } else if in_place || n == 1 {
+                    if !in_place {
+                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                    }
+                    ring::all_reduce(&mut p, words)?;
                 } else {
+                    // Every word of the output is written by the ring: the
+                    // reductions read the input where it lies.
+                    (p.reduce, p.finish) = reducers(true)?;
+                    p.input = Some(x.buffer().clone());
                     ring::all_reduce(&mut p, words)?;
                 }
             }

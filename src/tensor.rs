@@ -182,7 +182,7 @@ impl Tensor {
 
     /// Whole 16-byte units, rounded up to a size class so that freed
     /// buffers fit later tensors of similar size (see `device::size_class`).
-    fn buffer_size(device: &RankDevice, dtype: DType, len: usize) -> u64 {
+    pub(crate) fn buffer_size(device: &RankDevice, dtype: DType, len: usize) -> u64 {
         let exact = (dtype.words(len) * 4) as u64;
         let class = size_class(exact);
         if class > device.limits.max_buffer_size {

@@ -29,11 +29,19 @@ enum Phase {
     Failed(Error),
 }
 
+/// The outputs the progress thread hands over, unless the `Work` is gone.
+#[derive(Default)]
+struct Outputs {
+    tensors: Vec<Tensor>,
+    abandoned: bool,
+}
+
 /// Shared between a `Work` and the progress thread running it.
 pub(crate) struct WorkState {
     phase: Mutex<Phase>,
     changed: Condvar,
     waker: Mutex<Option<Waker>>,
+    outputs: Mutex<Outputs>,
 }
 
 impl WorkState {
@@ -42,7 +50,34 @@ impl WorkState {
             phase: Mutex::new(Phase::Queued),
             changed: Condvar::new(),
             waker: Mutex::new(None),
+            outputs: Mutex::new(Outputs::default()),
         })
+    }
+
+    /// Hands the finished op's outputs to its `Work` (before its phase
+    /// says so); dropped at once when the `Work` is gone, so that their
+    /// buffers go back to the pool for the next op.
+    pub(crate) fn put_outputs(&self, tensors: Vec<Tensor>) {
+        let mut o = lock(&self.outputs);
+        if o.abandoned {
+            drop(o);
+            drop(tensors);
+        } else {
+            o.tensors = tensors;
+        }
+    }
+
+    fn take_outputs(&self) -> Vec<Tensor> {
+        std::mem::take(&mut lock(&self.outputs).tensors)
+    }
+
+    /// The `Work` is gone: nobody will read the outputs.
+    fn abandon(&self) {
+        let mut o = lock(&self.outputs);
+        o.abandoned = true;
+        let tensors = std::mem::take(&mut o.tensors);
+        drop(o);
+        drop(tensors);
     }
 
     fn set(&self, p: Phase) {
@@ -91,7 +126,8 @@ impl WorkState {
 #[must_use = "a collective's result is only safe to read after waiting on its Work"]
 pub struct Work {
     state: Arc<WorkState>,
-    outputs: Vec<Tensor>,
+    /// Length and dtype of the first output.
+    shape: (usize, crate::tensor::DType),
     dev: Arc<RankDevice>,
     health: Arc<Health>,
     fp: Fingerprint,
@@ -108,7 +144,7 @@ impl std::fmt::Debug for Work {
 impl Work {
     pub(crate) fn new(
         state: Arc<WorkState>,
-        outputs: Vec<Tensor>,
+        shape: (usize, crate::tensor::DType),
         dev: Arc<RankDevice>,
         health: Arc<Health>,
         fp: Fingerprint,
@@ -117,7 +153,7 @@ impl Work {
     ) -> Work {
         Work {
             state,
-            outputs,
+            shape,
             dev,
             health,
             fp,
@@ -147,14 +183,12 @@ impl Work {
     /// returns them in order.
     pub fn wait_all(self) -> Result<Vec<Tensor>> {
         self.finish(None)?;
-        Ok(self.outputs)
+        Ok(self.state.take_outputs())
     }
 
     /// Length and dtype of the first output (for async tensors).
     pub(crate) fn output_shape(&self) -> (usize, crate::tensor::DType) {
-        self.outputs
-            .first()
-            .map_or((0, crate::tensor::DType::F32), |t| (t.len(), t.dtype()))
+        self.shape
     }
 
     /// The collective's sequence number in its communicator.
@@ -171,14 +205,15 @@ impl Work {
         }
     }
 
-    fn first(mut self) -> Result<Tensor> {
-        if self.outputs.is_empty() {
+    fn first(&self) -> Result<Tensor> {
+        let mut outs = self.state.take_outputs();
+        if outs.is_empty() {
             return Err(Error::invalid(
                 self.rank,
                 format!("{} has no output tensor", self.fp),
             ));
         }
-        Ok(self.outputs.swap_remove(0))
+        Ok(outs.swap_remove(0))
     }
 
     fn gpu_finished(&self, idx: &wgpu::SubmissionIndex) -> bool {
@@ -242,6 +277,12 @@ impl Work {
     }
 }
 
+impl Drop for Work {
+    fn drop(&mut self) {
+        self.state.abandon();
+    }
+}
+
 impl Future for Work {
     type Output = Result<Tensor>;
 
@@ -259,8 +300,9 @@ impl Future for Work {
         if !ready {
             return Poll::Pending;
         }
-        match this.outputs.first() {
-            Some(t) => Poll::Ready(Ok(t.clone())),
+        let first = lock(&this.state.outputs).tensors.first().cloned();
+        match first {
+            Some(t) => Poll::Ready(Ok(t)),
             None => Poll::Ready(Err(Error::invalid(
                 this.rank,
                 format!("{} has no output tensor", this.fp),
