@@ -604,8 +604,12 @@ impl Communicator {
             args: call.args,
             state: state.clone(),
         };
+        // Recorded before the progress thread can see the op, so that its
+        // "in progress" is never overwritten by a late "enqueued".
+        inner.health.flight.record(inner.rank, fp, State::Enqueued);
         if tx.send(op).is_err() {
             inner.inflight.fetch_sub(1, Ordering::AcqRel);
+            inner.health.flight.record(inner.rank, fp, State::Failed);
             return Err(Error::device(
                 inner.rank,
                 Some(fp.seq),
@@ -613,7 +617,6 @@ impl Communicator {
             ));
         }
         issuer.seq += 1;
-        inner.health.flight.record(inner.rank, fp, State::Enqueued);
         Ok(Work::new(
             state,
             shape,
