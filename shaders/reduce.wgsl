@@ -1,7 +1,4 @@
-// Element-wise reduction of one slice: dst[i] = finish(op(dst[i], src[i]))
-// (`main`, in place), or dst[i] = finish(op(acc[i], src[i])) (`main_into`,
-// for out-of-place collectives: the rank's own input is read where it lies,
-// so it is never copied into the output first).
+// Element-wise reduction of one slice: dst[i] = finish(op(dst[i], src[i])).
 //
 // A dtype prelude (shaders/dtype_*.wgsl, prepended by kernels.rs) defines
 // the storage unit U (the words one invocation handles: vec4<u32>, or
@@ -11,7 +8,7 @@
 // Handling a vector per invocation matters: on CPU adapters the cost is
 // per invocation, and a scalar kernel runs several times slower.
 //
-// Every buffer is bound as a window of exactly the slice, so the slice
+// Both buffers are bound as windows of exactly the slice, so the slice
 // length is arrayLength(&dst) and no parameter buffer is needed.
 
 // 0 sum, 1 prod, 2 min, 3 max, 4 bitand, 5 bitor, 6 bitxor.
@@ -21,9 +18,6 @@ override DIVISOR: u32 = 0u;
 
 @group(0) @binding(0) var<storage, read_write> dst: array<U>;
 @group(0) @binding(1) var<storage, read> src: array<U>;
-// Only `main_into` uses it (a separate binding: a storage buffer cannot be
-// bound read-write and read-only in one dispatch).
-@group(0) @binding(2) var<storage, read> acc: array<U>;
 
 fn combine(a: V, b: V) -> V {
     if OP == 0u {
@@ -67,17 +61,5 @@ fn main(
     let n = arrayLength(&dst);
     for (var i = gid.x; i < n; i += stride) {
         dst[i] = reduce_unit(dst[i], src[i]);
-    }
-}
-
-@compute @workgroup_size(256)
-fn main_into(
-    @builtin(global_invocation_id) gid: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-) {
-    let stride = groups.x * 256u;
-    let n = arrayLength(&dst);
-    for (var i = gid.x; i < n; i += stride) {
-        dst[i] = reduce_unit(acc[i], src[i]);
     }
 }

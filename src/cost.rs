@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use crate::device::RankDevice;
 use crate::error::Result;
-use crate::kernels::Window;
 use crate::op::ReduceOp;
 use crate::tensor::DType;
 
@@ -123,9 +122,7 @@ impl CostModel {
     /// The cost of one more 16-byte f32 sum dispatch in a submission (the
     /// pipeline is the one the first f32 sum all-reduce uses anyway).
     fn measure_dispatch(dev: &RankDevice) -> Result<Duration> {
-        let r = dev
-            .kernels
-            .reducer(dev, DType::F32, ReduceOp::Sum, 0, false)?;
+        let r = dev.kernels.reducer(dev, DType::F32, ReduceOp::Sum, 0)?;
         let usage = wgpu::BufferUsages::STORAGE;
         let (a, b) = (
             dev.create_buffer("cost model", 16, usage, false)?,
@@ -134,8 +131,7 @@ impl CostModel {
         let time = |k: usize| -> Result<Duration> {
             let mut enc = dev.encoder();
             for _ in 0..k {
-                let (dst, src) = (Window { buf: &a, off: 0 }, Window { buf: &b, off: 0 });
-                r.encode(dev, &mut enc, (dst, src, None), 16, None)?;
+                r.encode(dev, &mut enc, &a, 0, &b, 0, 16, None)?;
             }
             let t = Instant::now();
             let idx = dev.submit(enc, None)?;

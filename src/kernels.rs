@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::device::{RankDevice, lock};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::op::ReduceOp;
 use crate::tensor::DType;
 
@@ -30,8 +30,7 @@ fn prelude(dtype: DType) -> &'static str {
 }
 
 /// The WGSL of the reduction kernel for `dtype`, as the engine compiles it:
-/// entry point `main`, bindings 0 (`dst`, read-write) and 1 (`src`) (entry
-/// point `main_into` also reads binding 2, `acc`, in place of `dst`), override
+/// entry point `main`, bindings 0 (`dst`, read-write) and 1 (`src`), override
 /// constants `OP` (0 sum, 1 prod, 2 min, 3 max, 4-6 bitwise and/or/xor) and
 /// `DIVISOR`; 256 invocations per workgroup, each striding over 16-byte
 /// units (8 bytes for 16-bit types); dispatch [`reduction_workgroups`]
@@ -72,38 +71,19 @@ pub(crate) struct Reducer {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     dtype: DType,
-    /// Whether it is `main_into` (reads `acc`, writes `dst`).
-    into: bool,
     binds: Arc<Mutex<BindCache>>,
 }
-
-/// A reduction's bind group layout and pipeline layout.
-type Layouts = (wgpu::BindGroupLayout, wgpu::PipelineLayout);
 
 #[derive(Default)]
 pub(crate) struct Kernels {
     modules: Mutex<HashMap<DType, wgpu::ShaderModule>>,
-    /// In place (two bindings) and into (three).
-    layouts: Mutex<[Option<Layouts>; 2]>,
-    reducers: Mutex<HashMap<(DType, u32, u32, bool), Reducer>>,
+    layout: Mutex<Option<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    reducers: Mutex<HashMap<(DType, u32, u32), Reducer>>,
     binds: Arc<Mutex<BindCache>>,
 }
 
-/// A window of a buffer that a reduction binds: from `off`, as many bytes
-/// as the reduction covers.
-#[derive(Clone, Copy)]
-pub(crate) struct Window<'a> {
-    pub buf: &'a wgpu::Buffer,
-    pub off: u64,
-}
-
-/// (dst, src, acc when reducing into dst, bytes): the windows a reduction binds.
-type BindKey = (
-    (wgpu::Buffer, u64),
-    (wgpu::Buffer, u64),
-    Option<(wgpu::Buffer, u64)>,
-    u64,
-);
+/// (dst, dst offset, src, src offset, bytes): the windows a reduction binds.
+type BindKey = (wgpu::Buffer, u64, wgpu::Buffer, u64, u64);
 
 /// Bind groups recently used, oldest evicted first: in steady state the
 /// same windows of the same (pooled) buffers recur, and a collective then
@@ -135,21 +115,20 @@ impl BindCache {
 }
 
 impl Kernels {
-    /// The pipeline computing `dst = op(dst, src)` (or, `into`,
-    /// `dst = op(acc, src)`), then dividing by `divisor` when it is non-zero.
+    /// The pipeline computing `dst = op(dst, src)`, then dividing by
+    /// `divisor` when it is non-zero.
     pub(crate) fn reducer(
         &self,
         dev: &RankDevice,
         dtype: DType,
         op: ReduceOp,
         divisor: u32,
-        into: bool,
     ) -> Result<Reducer> {
-        let key = (dtype, op.shader_code(), divisor, into);
+        let key = (dtype, op.shader_code(), divisor);
         if let Some(r) = lock(&self.reducers).get(&key) {
             return Ok(r.clone());
         }
-        let (layout, pipeline_layout) = self.layouts(dev, into)?;
+        let (layout, pipeline_layout) = self.layouts(dev)?;
         let module = self.module(dev, dtype)?;
         let constants = [("OP", f64::from(key.1)), ("DIVISOR", f64::from(divisor))];
         dev.count_resource();
@@ -158,7 +137,7 @@ impl Kernels {
                 label: Some("reduce"),
                 layout: Some(&pipeline_layout),
                 module: &module,
-                entry_point: Some(if into { "main_into" } else { "main" }),
+                entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
                     zero_initialize_workgroup_memory: false,
@@ -170,7 +149,6 @@ impl Kernels {
             pipeline,
             layout,
             dtype,
-            into,
             binds: self.binds.clone(),
         };
         lock(&self.reducers).insert(key, r.clone());
@@ -193,9 +171,8 @@ impl Kernels {
         Ok(m)
     }
 
-    fn layouts(&self, dev: &RankDevice, into: bool) -> Result<Layouts> {
-        let mut all = lock(&self.layouts);
-        let slot = &mut all[usize::from(into)];
+    fn layouts(&self, dev: &RankDevice) -> Result<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut slot = lock(&self.layout);
         if let Some(l) = slot.as_ref() {
             return Ok(l.clone());
         }
@@ -209,12 +186,11 @@ impl Kernels {
             },
             count: None,
         };
-        let entries = [entry(0, false), entry(1, true), entry(2, true)];
         dev.count_resource();
         let made = dev.scoped("creating the reduction layouts", |d| {
             let bgl = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("reduce"),
-                entries: &entries[..if into { 3 } else { 2 }],
+                entries: &[entry(0, false), entry(1, true)],
             });
             let pl = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some("reduce"),
@@ -229,31 +205,23 @@ impl Kernels {
 }
 
 impl Reducer {
-    /// Records `dst = op(dst, src)` over `bytes` bytes of each window, or
-    /// `dst = op(acc, src)` for a reducer made `into`. Offsets must be
-    /// multiples of the adapter's storage offset alignment, `bytes` a
-    /// multiple of 16 and at most one slice; the schedules guarantee all three.
+    /// Records `dst[dst_off..][..bytes] = op(dst, src[src_off..][..bytes])`.
+    /// Offsets must be multiples of the adapter's storage offset alignment,
+    /// `bytes` a multiple of 16 and at most one slice; the schedules
+    /// guarantee all three.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode(
         &self,
         dev: &RankDevice,
         enc: &mut wgpu::CommandEncoder,
-        (dst, src, acc): (Window, Window, Option<Window>),
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        src: &wgpu::Buffer,
+        src_off: u64,
         bytes: u64,
         stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
-        if acc.is_some() != self.into {
-            return Err(Error::device(
-                dev.rank,
-                None,
-                "internal error: a reduction bound with the wrong number of operands",
-            ));
-        }
-        let key = (
-            (dst.buf.clone(), dst.off),
-            (src.buf.clone(), src.off),
-            acc.map(|a| (a.buf.clone(), a.off)),
-            bytes,
-        );
+        let key = (dst.clone(), dst_off, src.clone(), src_off, bytes);
         let cached = lock(&self.binds).get(&key);
         let bind = match cached {
             Some(b) => b,
@@ -283,30 +251,31 @@ impl Reducer {
 
     /// Makes (and caches) the bind group for one reduction's windows.
     fn bind(&self, dev: &RankDevice, key: BindKey) -> Result<wgpu::BindGroup> {
-        let (dst, src, acc, bytes) = &key;
+        let (dst, dst_off, src, src_off, bytes) = &key;
         let size = wgpu::BufferSize::new(*bytes);
-        fn entry(
-            binding: u32,
-            (buffer, offset): &(wgpu::Buffer, u64),
-            size: Option<wgpu::BufferSize>,
-        ) -> wgpu::BindGroupEntry<'_> {
-            wgpu::BindGroupEntry {
-                binding,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer,
-                    offset: *offset,
-                    size,
-                }),
-            }
-        }
-        let mut entries = vec![entry(0, dst, size), entry(1, src, size)];
-        entries.extend(acc.iter().map(|a| entry(2, a, size)));
         dev.count_resource();
         let bind = dev.scoped("binding a reduction", |d| {
             d.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &self.layout,
-                entries: &entries,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: dst,
+                            offset: *dst_off,
+                            size,
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: src,
+                            offset: *src_off,
+                            size,
+                        }),
+                    },
+                ],
             })
         })?;
         lock(&self.binds).put(key, bind.clone());

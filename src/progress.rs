@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
 use crate::health::{Health, Waiter};
-use crate::kernels::Reducer;
 use crate::op::ReduceOp;
 use crate::profile::{Counters, Timestamps};
 use crate::tensor::{DType, Tensor};
@@ -200,20 +199,16 @@ impl Progress {
         for o in &op.outputs {
             outs.push(o.tensor(&dev)?);
         }
-        let reducers = |into: bool| -> Result<(Option<Reducer>, Option<Reducer>)> {
-            Ok(match op.fp.op {
-                Some(o) if n > 1 => {
-                    let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
-                    let k = &dev.kernels;
-                    (
-                        Some(k.reducer(&dev, op.fp.dtype, o, 0, into)?),
-                        Some(k.reducer(&dev, op.fp.dtype, o, divisor, into)?),
-                    )
-                }
-                _ => (None, None),
-            })
+        let (reduce, finish) = match op.fp.op {
+            Some(o) if n > 1 => {
+                let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
+                (
+                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, 0)?),
+                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, divisor)?),
+                )
+            }
+            _ => (None, None),
         };
-        let (reduce, finish) = reducers(false)?;
         let first = dev.submit(dev.encoder(), Some(op.fp.seq))?;
         self.stage.rewind();
         let profiling = self.counters.enabled();
@@ -234,7 +229,6 @@ impl Progress {
             link: &self.endpoint,
             stage: &mut self.stage,
             buf,
-            input: None,
             reduce,
             finish,
             nranks: n,
@@ -250,7 +244,14 @@ impl Progress {
         match (op.fp.kind, &op.args) {
             (Kind::AllReduce, _) => {
                 let (x, out) = (&ins[0], &outs[0]);
-                let in_place = x.buffer() == out.buffer();
+                // Out of place, the input is copied first and reduced in
+                // place. Reading it where it lies instead (a kernel writing
+                // dst = op(x, received)) saves the copy but, on CPU adapters,
+                // streams three buffers through the cache instead of two:
+                // measured slower on lavapipe, so not done.
+                if x.buffer() != out.buffer() {
+                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                }
                 p.buf = out.buffer().clone();
                 let words = x.words();
                 // One shot only where it is one round of the ring: then it
@@ -261,22 +262,10 @@ impl Progress {
                     && n > 1
                     && words > 0
                 {
-                    if !in_place {
-                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                    }
                     let stride = words.div_ceil(p.align_words()) * p.align_words();
                     let all = scratch(&dev, n * stride)?;
                     oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
-                } else if in_place || n == 1 {
-                    if !in_place {
-                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                    }
-                    ring::all_reduce(&mut p, words)?;
                 } else {
-                    // Every word of the output is written by the ring: the
-                    // reductions read the input where it lies.
-                    (p.reduce, p.finish) = reducers(true)?;
-                    p.input = Some(x.buffer().clone());
                     ring::all_reduce(&mut p, words)?;
                 }
             }

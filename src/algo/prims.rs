@@ -9,11 +9,6 @@
 //! reach the host); a step that only stores does not, and the collective's
 //! completion is the last such submission.
 //!
-//! Out of place (an all_reduce into a new tensor), the working buffer is
-//! the output and this rank's own contribution stays in `input`: the steps
-//! that read it (`send`, and the reductions, as NCCL's prims read
-//! `sendbuff`) read it there, so it is never copied into the output first.
-//!
 //! Besides ring steps: device copies, point-to-point `post`/`take` for
 //! all_to_all, and a host image of a buffer range for the layouts a device
 //! copy cannot express (16-bit elements at odd offsets).
@@ -22,7 +17,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::health::Waiter;
-use crate::kernels::{Reducer, Window};
+use crate::kernels::Reducer;
 use crate::profile::{Counters, Timestamps};
 use crate::transport::{Endpoint, Lent, Packet, Stager};
 
@@ -54,9 +49,6 @@ pub(crate) struct Prims<'a> {
     pub stage: &'a mut Stager,
     /// The working buffer the ring steps read and write.
     pub buf: wgpu::Buffer,
-    /// This rank's contribution, when it is not in `buf` (same offsets);
-    /// the reducers are then made `into` (see the module docs).
-    pub input: Option<wgpu::Buffer>,
     pub reduce: Option<Reducer>,
     /// The reduction of the last step, which also applies Avg's division.
     pub finish: Option<Reducer>,
@@ -127,22 +119,18 @@ impl<'a> Prims<'a> {
         }
     }
 
-    /// Sends `span` of `buf` to the next rank, after the steps recorded in
-    /// `enc`: lent where ring steps lend, else copied into a packet.
-    fn send_after(
-        &mut self,
-        mut enc: wgpu::CommandEncoder,
-        buf: wgpu::Buffer,
-        span: Span,
-    ) -> Result<()> {
+    /// Sends `span` of the buffer to the next rank, after the steps
+    /// recorded in `enc`: lent where ring steps lend, else copied into a
+    /// packet.
+    fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
         let next = self.next();
         if !self.stage.lends() {
             let mut data = self.link.buffer();
-            self.download_from(enc, &buf, span, &mut data)?;
+            self.download(enc, span, &mut data)?;
             return self.link.post(next, self.packet(data));
         }
         let t = Instant::now();
-        let bytes = span.bytes() as u64;
+        let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
         self.stage
             .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w)?;
         let idx = self.submit(enc)?;
@@ -173,28 +161,17 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
-    /// Copies `span` of the working buffer to the host and appends it to `data`.
+    /// Copies `span` of the buffer to the host and appends it to `data`.
     fn download(
         &mut self,
-        enc: wgpu::CommandEncoder,
-        span: Span,
-        data: &mut Vec<u8>,
-    ) -> Result<()> {
-        let buf = self.buf.clone();
-        self.download_from(enc, &buf, span, data)
-    }
-
-    /// Copies `span` of `buf` to the host and appends it to `data`.
-    fn download_from(
-        &mut self,
         mut enc: wgpu::CommandEncoder,
-        buf: &wgpu::Buffer,
         span: Span,
         data: &mut Vec<u8>,
     ) -> Result<()> {
         let t = Instant::now();
+        let buf = self.buf.clone();
         self.stage
-            .encode_download(&mut enc, buf, span.offset(), span.bytes() as u64, &self.w)?;
+            .encode_download(&mut enc, &buf, span.offset(), span.bytes() as u64, &self.w)?;
         let idx = self.submit(enc)?;
         self.stage.finish_download(span.bytes(), data, &self.w)?;
         self.last = Some(idx);
@@ -255,8 +232,7 @@ impl<'a> Prims<'a> {
     }
 
     /// Records the received bytes into `span` of the buffer, reduced with
-    /// `reducer` (with this rank's contribution, from `input` when set) or
-    /// stored as they are.
+    /// `reducer` or stored as they are.
     fn absorb(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -275,22 +251,8 @@ impl<'a> Prims<'a> {
         let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
         self.took_move(t);
         let stamps = self.stamp()?;
-        let dst = Window {
-            buf: &buf,
-            off: span.offset(),
-        };
-        let acc = self.input.as_ref().map(|buf| Window {
-            buf,
-            off: span.offset(),
-        });
-        let src = Window { buf: &src, off: 0 };
-        r.encode(
-            self.w.dev,
-            enc,
-            (dst, src, acc),
-            span.bytes() as u64,
-            stamps,
-        )
+        let bytes = span.bytes() as u64;
+        r.encode(self.w.dev, enc, &buf, span.offset(), &src, 0, bytes, stamps)
     }
 
     fn reducer(&self, last: bool) -> Result<Reducer> {
@@ -301,13 +263,12 @@ impl<'a> Prims<'a> {
         })
     }
 
-    /// Sends `span` of this rank's contribution to the next rank.
+    /// Sends `span` of the buffer to the next rank.
     pub(crate) fn send(&mut self, span: Span) -> Result<()> {
         if span.words == 0 {
             return Ok(());
         }
-        let own = self.input.clone().unwrap_or_else(|| self.buf.clone());
-        self.send_after(self.w.dev.encoder(), own, span)
+        self.send_after(self.w.dev.encoder(), span)
     }
 
     fn recv_reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
@@ -326,8 +287,7 @@ impl<'a> Prims<'a> {
             self.last = Some(self.submit(enc)?);
             return Ok(());
         }
-        let buf = self.buf.clone();
-        self.send_after(enc, buf, span)
+        self.send_after(enc, span)
     }
 
     /// Receives a partial result for `span` from the previous rank, reduces
@@ -401,7 +361,7 @@ impl<'a> Prims<'a> {
 
     /// Records a reduction of `src[src_word..][..span.words]` into `span` of
     /// the working buffer, both on this device (`last`: the final one,
-    /// which applies Avg's division). In place only: `input` unset.
+    /// which applies Avg's division).
     pub(crate) fn encode_reduce(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
@@ -413,18 +373,13 @@ impl<'a> Prims<'a> {
         let r = self.reducer(last)?;
         let stamps = self.stamp()?;
         let buf = self.buf.clone();
-        let dst = Window {
-            buf: &buf,
-            off: span.offset(),
-        };
-        let src = Window {
-            buf: src,
-            off: src_word as u64 * 4,
-        };
         r.encode(
             self.w.dev,
             enc,
-            (dst, src, None),
+            &buf,
+            span.offset(),
+            src,
+            src_word as u64 * 4,
             span.bytes() as u64,
             stamps,
         )
