@@ -335,6 +335,21 @@ impl RankDevice {
         limit: Duration,
         seq: Option<u64>,
     ) -> Result<bool> {
+        let r = self.poll_for_peer(index, limit);
+        self.check(seq)?;
+        r.map_err(|e| Error::device(self.rank, seq, format!("waiting for a submission: {e}")))
+    }
+
+    /// Waits for `index` at most `limit`, holding the device's turn for at
+    /// most [`POLL_SLICE`] at a time: `Ok(false)` when it is still running.
+    /// Also for another rank, one that borrowed a buffer this device fills:
+    /// it does not take this device's faults, which are its own rank's to
+    /// report.
+    pub(crate) fn poll_for_peer(
+        &self,
+        index: &wgpu::SubmissionIndex,
+        limit: Duration,
+    ) -> std::result::Result<bool, wgpu::PollError> {
         let deadline = Instant::now() + limit;
         loop {
             let slice = deadline
@@ -346,7 +361,6 @@ impl RankDevice {
                     timeout: Some(slice),
                 })
             });
-            self.check(seq)?;
             match r {
                 Ok(_) => return Ok(true),
                 Err(wgpu::PollError::Timeout) if Instant::now() < deadline => {
@@ -354,13 +368,7 @@ impl RankDevice {
                     std::thread::yield_now();
                 }
                 Err(wgpu::PollError::Timeout) => return Ok(false),
-                Err(e) => {
-                    return Err(Error::device(
-                        self.rank,
-                        seq,
-                        format!("waiting for a submission: {e}"),
-                    ));
-                }
+                Err(e) => return Err(e),
             }
         }
     }

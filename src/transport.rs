@@ -17,6 +17,14 @@
 //! adapters whose upload buffers kernels read directly (CPU and integrated
 //! GPUs), where the host copies are what a hop costs.
 //!
+//! A buffer is lent as soon as the copy into it is submitted, not when it
+//! lands: the borrower waits for the sender's fence (its map callback)
+//! when it reads. So the sender's progress thread never blocks on its own
+//! device in a ring step; it goes on to the next slice (receiving it,
+//! copying it to its upload buffer) while its device still reduces and
+//! copies this one. That is the pipelining of NCCL's slices, with the
+//! fence wait moved to the one rank that needs the bytes.
+//!
 //! Packets are recycled through a pool shared by the group, so in steady
 //! state a collective allocates no host memory; device staging buffers are
 //! made once per communicator and reused.
@@ -50,19 +58,51 @@ impl Packet {
     }
 }
 
-/// A mapped read-back buffer of another rank, lent for reading its first
-/// `bytes`. Its owner maps it for writing again only once every `Lent` of
-/// it is gone.
+/// A read-back buffer of another rank, lent for reading its first `bytes`
+/// once the owner's submission `filled` has landed them and mapped it. Its
+/// owner reuses it only once every `Lent` of it is gone.
 #[derive(Clone)]
 pub(crate) struct Lent {
     buf: wgpu::Buffer,
     bytes: u64,
     _hold: Arc<()>,
+    /// The map state, set by the map callback.
+    state: Arc<AtomicU8>,
+    owner: Arc<RankDevice>,
+    /// The owner's rank in the communicator.
+    owner_rank: usize,
+    filled: wgpu::SubmissionIndex,
 }
 
 impl Lent {
-    /// The lent bytes.
+    /// The lent bytes, once they have landed (polling the owner's device
+    /// until they have). Should the owner's device fail, the owner may be
+    /// waiting on someone else and never see it: the failure is recorded
+    /// as the owner's, for the whole group (and this rank reports
+    /// `PeerFailed`, naming it).
     pub(crate) fn view(&self, w: &Waiter) -> Result<wgpu::BufferView> {
+        let owner = self.owner_rank;
+        let failed = |why: String| -> Result<Option<()>> {
+            let what = format!(
+                "its device failed to fill a slice it lent to rank {}: {why}",
+                w.rank
+            );
+            w.health
+                .fail(owner, Error::device(owner, Some(w.fp.seq), what));
+            w.health.check(w.rank, w.fp.seq)?;
+            Ok(None)
+        };
+        w.until(
+            || format!("rank {owner}'s device to finish a slice of {}", w.fp),
+            |tick| match self.state.load(Ordering::Acquire) {
+                MAP_READY => Ok(Some(())),
+                MAP_FAILED => failed("mapping it failed".into()),
+                _ => match self.owner.poll_for_peer(&self.filled, tick) {
+                    Err(e) => failed(e.to_string()),
+                    Ok(_) => Ok(None),
+                },
+            },
+        )?;
         self.buf
             .get_mapped_range(..self.bytes)
             .map_err(|e| w.device_error(format!("reading a lent buffer: {e}")))
@@ -420,7 +460,10 @@ impl Stager {
                 Ok(None)
             },
         )?;
-        if slot.staging.state.load(Ordering::Acquire) == MAP_READY {
+        // Its borrowers waited for the map; this only waits when one
+        // dropped it unread (a failure).
+        if slot.staging.last_use.is_some() {
+            slot.staging.mapped(w, "lent")?;
             slot.staging.buf.unmap();
         }
         enc.copy_buffer_to_buffer(src, off, &slot.staging.buf, 0, bytes);
@@ -430,8 +473,13 @@ impl Stager {
         Ok(())
     }
 
-    /// After the lending submission: the handle to post.
-    pub(crate) fn finish_lend(&mut self, bytes: u64, w: &Waiter) -> Result<Lent> {
+    /// After the lending submission `filled`: the handle to post, at once.
+    pub(crate) fn finish_lend(
+        &mut self,
+        bytes: u64,
+        filled: wgpu::SubmissionIndex,
+        w: &Waiter,
+    ) -> Result<Lent> {
         // The slot `encode_lend` just used.
         let i = self
             .next_lend
@@ -441,11 +489,14 @@ impl Stager {
             .lends
             .get(i)
             .ok_or_else(|| w.device_error("lending before reserve".into()))?;
-        slot.staging.mapped(w, "lent")?;
         Ok(Lent {
             buf: slot.staging.buf.clone(),
             bytes,
             _hold: slot.hold.clone(),
+            state: slot.staging.state.clone(),
+            owner: self.dev.clone(),
+            owner_rank: w.rank,
+            filled,
         })
     }
 

@@ -134,7 +134,7 @@ impl<'a> Prims<'a> {
         self.stage
             .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w)?;
         let idx = self.submit(enc)?;
-        let lent: Lent = self.stage.finish_lend(bytes, &self.w)?;
+        let lent: Lent = self.stage.finish_lend(bytes, idx.clone(), &self.w)?;
         self.last = Some(idx);
         self.took_move(t);
         let mut p = self.packet(Vec::new());
