@@ -20,9 +20,11 @@ pub struct Profile {
     /// GPU time of the reduction kernels (zero without GPU timestamps).
     pub kernels: Duration,
     /// Host time moving bytes between the device and the host (copies,
-    /// maps and memcpys), less the kernel time inside the same submissions.
+    /// maps, memcpys, and waits for this rank's own device). Ring steps are
+    /// pipelined, so the kernels run meanwhile: the three overlap.
     pub transfers: Duration,
-    /// Host time blocked waiting for peers.
+    /// Host time blocked waiting for peers: their packets, and their
+    /// devices' fences before reading a buffer they lent.
     pub waiting: Duration,
     /// Collectives counted.
     pub collectives: u64,
@@ -73,11 +75,9 @@ impl Counters {
 
     /// The totals so far, which start again from zero.
     pub(crate) fn take(&self, gpu_timestamps: bool) -> Profile {
-        let kernels = self.kernels.swap(0, Ordering::AcqRel);
-        let device = self.device.swap(0, Ordering::AcqRel);
         Profile {
-            kernels: Duration::from_nanos(kernels),
-            transfers: Duration::from_nanos(device.saturating_sub(kernels)),
+            kernels: Duration::from_nanos(self.kernels.swap(0, Ordering::AcqRel)),
+            transfers: Duration::from_nanos(self.device.swap(0, Ordering::AcqRel)),
             waiting: Duration::from_nanos(self.waiting.swap(0, Ordering::AcqRel)),
             collectives: self.collectives.swap(0, Ordering::AcqRel),
             gpu_timestamps,

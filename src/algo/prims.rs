@@ -224,7 +224,9 @@ impl<'a> Prims<'a> {
     ) -> Result<()> {
         match &p.lent {
             Some(lent) => {
+                let t = Instant::now();
                 let view = lent.view(&self.w)?;
+                self.took_wait(t);
                 self.absorb(enc, span, &view, reducer)
             }
             None => self.absorb(enc, span, &p.data, reducer),

@@ -217,7 +217,8 @@ pub fn split_lines(bytes: u64, dtype: DType, op: Option<ReduceOp>, profiles: &[P
     let total = (k + t + w).max(f64::MIN_POSITIVE);
     let gpu = profiles.iter().all(|p| p.gpu_timestamps);
     let mut s = format!(
-        "# Time split at {bytes} B ({} {}, out-of-place; ms per collective, mean over ranks):\n",
+        "# Time split at {bytes} B ({} {}, out-of-place; ms per collective, mean over ranks; \
+         kernels overlap the host's transfers and waits, shares are of the sum):\n",
         dtype.name(),
         op.map_or("none", ReduceOp::name)
     );
@@ -227,7 +228,7 @@ pub fn split_lines(bytes: u64, dtype: DType, op: Option<ReduceOp>, profiles: &[P
             100.0 * k / total
         );
     } else {
-        s += "#   reduction kernels                  not measured: the adapter has no TIMESTAMP_QUERY (transfers include them)\n";
+        s += "#   reduction kernels                  not measured: the adapter has no TIMESTAMP_QUERY\n";
     }
     s += &format!(
         "#   transfers (device<->host)          {t:9.3} ms {:5.1}%\n",
