@@ -254,18 +254,7 @@ impl Communicator {
     /// checked now, so that a tensor too large fails at the call.
     fn output(&self, dtype: DType, len: usize) -> Result<Output> {
         let dev = &self.inner.dev;
-        let bytes = Tensor::buffer_size(dev, dtype, len);
-        if bytes > dev.limits.max_buffer_size {
-            return Err(Error::device(
-                self.rank(),
-                None,
-                format!(
-                    "an output of {len} {dtype} elements needs {bytes} bytes: larger than \
-                     this adapter's max_buffer_size ({} bytes)",
-                    dev.limits.max_buffer_size
-                ),
-            ));
-        }
+        dev.check_buffer_size("tensor", Tensor::buffer_size(dev, dtype, len))?;
         Ok(Output::New { dtype, len })
     }
 

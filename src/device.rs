@@ -173,6 +173,20 @@ impl RankDevice {
         usage: wgpu::BufferUsages,
         mapped_at_creation: bool,
     ) -> Result<wgpu::Buffer> {
+        self.check_buffer_size(label, size)?;
+        self.count_resource();
+        self.scoped(&format!("creating {label} buffer of {size} bytes"), |d| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation,
+            })
+        })
+    }
+
+    /// Whether a `label` buffer of `size` bytes fits this adapter.
+    pub(crate) fn check_buffer_size(&self, label: &str, size: u64) -> Result<()> {
         if size > self.limits.max_buffer_size {
             return Err(Error::device(
                 self.rank,
@@ -184,15 +198,7 @@ impl RankDevice {
                 ),
             ));
         }
-        self.count_resource();
-        self.scoped(&format!("creating {label} buffer of {size} bytes"), |d| {
-            d.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage,
-                mapped_at_creation,
-            })
-        })
+        Ok(())
     }
 
     /// A buffer of `size` bytes with `usage`, from the pool when one is
@@ -335,7 +341,7 @@ impl RankDevice {
         limit: Duration,
         seq: Option<u64>,
     ) -> Result<bool> {
-        let r = self.poll_for_peer(index, limit);
+        let r = self.poll_until(index, limit);
         self.check(seq)?;
         r.map_err(|e| Error::device(self.rank, seq, format!("waiting for a submission: {e}")))
     }
@@ -345,7 +351,7 @@ impl RankDevice {
     /// Also for another rank, one that borrowed a buffer this device fills:
     /// it does not take this device's faults, which are its own rank's to
     /// report.
-    pub(crate) fn poll_for_peer(
+    pub(crate) fn poll_until(
         &self,
         index: &wgpu::SubmissionIndex,
         limit: Duration,

@@ -97,7 +97,7 @@ impl Lent {
             |tick| match self.state.load(Ordering::Acquire) {
                 MAP_READY => Ok(Some(())),
                 MAP_FAILED => failed("mapping it failed".into()),
-                _ => match self.owner.poll_for_peer(&self.filled, tick) {
+                _ => match self.owner.poll_until(&self.filled, tick) {
                     Err(e) => failed(e.to_string()),
                     Ok(_) => Ok(None),
                 },
