@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Sender, unbounded};
@@ -32,6 +32,27 @@ use crate::work::{Work, WorkState};
 struct Issuer {
     seq: u64,
     tx: Option<Sender<Op>>,
+    /// The thread that issued the collectives now in flight (outside a run).
+    owner: Option<ThreadId>,
+    /// Which threads may issue, see [`Binding`].
+    binding: Binding,
+}
+
+/// Who may issue on a communicator.
+///
+/// Issue order is what pairs collectives across ranks. Two threads issuing
+/// on one rank make that order a race, and same-shaped collectives would
+/// survive it silently paired with the wrong peers. So:
+/// - during `World::run`, a rank's communicator takes calls from that
+///   rank's thread only (from the moment the run starts resetting it);
+/// - outside a run, from one thread at a time: a call from another thread
+///   while the first one's collectives are in flight fails, and fails the
+///   group, so that the collectives already paired across the race fail
+///   too instead of returning mixed results.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Binding {
+    Free,
+    Run(Option<ThreadId>),
 }
 
 struct Inner {
@@ -153,6 +174,8 @@ impl Communicator {
                 issuer: Mutex::new(Issuer {
                     seq: 0,
                     tx: Some(tx),
+                    owner: None,
+                    binding: Binding::Free,
                 }),
                 inflight,
                 counters,
@@ -254,7 +277,7 @@ impl Communicator {
     /// checked now, so that a tensor too large fails at the call.
     fn output(&self, dtype: DType, len: usize) -> Result<Output> {
         let dev = &self.inner.dev;
-        dev.check_buffer_size("tensor", Tensor::buffer_size(dev, dtype, len))?;
+        Tensor::buffer_size(dev, dtype, len)?;
         Ok(Output::New { dtype, len })
     }
 
@@ -281,7 +304,7 @@ impl Communicator {
     /// Every rank's `x`, concatenated in rank order: length n x len.
     pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
         self.check_tensor(x)?;
-        let out = self.output(x.dtype(), x.len() * self.size())?;
+        let out = self.output(x.dtype(), self.gathered_len(x)?)?;
         self.issue(Call::new(Kind::AllGather, x, out))
     }
 
@@ -344,12 +367,12 @@ impl Communicator {
             Some(c) => self.check_counts("send_counts", c)?,
             None => even()?,
         };
-        if send.iter().sum::<usize>() != x.len() {
+        let sent = self.count_sum("send_counts", &send)?;
+        if sent != x.len() {
             return Err(Error::invalid(
                 self.rank(),
                 format!(
-                    "send_counts {send:?} sum to {}, but the tensor has {} elements",
-                    send.iter().sum::<usize>(),
+                    "send_counts {send:?} sum to {sent}, but the tensor has {} elements",
                     x.len()
                 ),
             ));
@@ -358,7 +381,19 @@ impl Communicator {
             Some(c) => self.check_counts("recv_counts", c)?,
             None => even()?,
         };
-        let out = self.output(x.dtype(), recv.iter().sum())?;
+        let me = self.rank();
+        if send.get(me) != recv.get(me) {
+            return Err(Error::invalid(
+                me,
+                format!(
+                    "send_counts[{me}] = {:?} but recv_counts[{me}] = {:?}: what a rank sends \
+                     itself is what it receives from itself",
+                    send.get(me),
+                    recv.get(me)
+                ),
+            ));
+        }
+        let out = self.output(x.dtype(), self.count_sum("recv_counts", &recv)?)?;
         self.issue(Call {
             len: 0,
             args: Args::Counts { send, recv },
@@ -391,7 +426,7 @@ impl Communicator {
         let dtype = self.check_coalesced(xs)?;
         let outs = xs
             .iter()
-            .map(|x| self.output(x.dtype(), x.len() * self.size()))
+            .map(|x| self.output(x.dtype(), self.gathered_len(x)?))
             .collect::<Result<_>>()?;
         self.issue_coalesced(Kind::AllGatherCoalesced, xs, outs, dtype, None)
     }
@@ -419,12 +454,15 @@ impl Communicator {
         op: Option<ReduceOp>,
     ) -> Result<Work> {
         let lens: Vec<usize> = xs.iter().map(Tensor::len).collect();
+        let len = self.count_sum("coalesced tensor lengths", &lens)?;
+        // The ring runs over their concatenation: it must fit a buffer.
+        Tensor::buffer_size(&self.inner.dev, dtype, len)?;
         self.issue(Call {
             kind,
             inputs: xs.to_vec(),
             outputs,
             dtype,
-            len: lens.iter().sum(),
+            len,
             op,
             root: None,
             shape: Fingerprint::shape_of(&lens),
@@ -550,6 +588,30 @@ impl Communicator {
         Ok(counts.to_vec())
     }
 
+    /// The length of `x` gathered from every rank.
+    fn gathered_len(&self, x: &Tensor) -> Result<usize> {
+        x.len().checked_mul(self.size()).ok_or_else(|| {
+            Error::invalid(
+                self.rank(),
+                format!(
+                    "gathering {} elements from {} ranks overflows",
+                    x.len(),
+                    self.size()
+                ),
+            )
+        })
+    }
+
+    /// The sum of `counts`, which must not overflow.
+    fn count_sum(&self, what: &str, counts: &[usize]) -> Result<usize> {
+        counts
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c))
+            .ok_or_else(|| {
+                Error::invalid(self.rank(), format!("{what} {counts:?}: their sum overflows"))
+            })
+    }
+
     fn check_coalesced(&self, xs: &[Tensor]) -> Result<DType> {
         for x in xs {
             self.check_tensor(x)?;
@@ -580,10 +642,46 @@ impl Communicator {
             root: call.root,
             shape: call.shape,
         };
-        let tx = issuer.tx.as_ref().ok_or(Error::Aborted {
-            rank: inner.rank,
-            seq: fp.seq,
-        })?;
+        let me = std::thread::current().id();
+        let busy = inner.inflight.load(Ordering::Acquire);
+        match issuer.binding {
+            Binding::Run(Some(t)) if t == me => {}
+            Binding::Run(_) => {
+                return Err(Error::invalid(
+                    inner.rank,
+                    format!(
+                        "{} issued from a thread other than rank {}'s during World::run: \
+                         issue order pairs collectives across ranks, so in a run each \
+                         communicator takes calls from its rank's thread only",
+                        fp.kind.name(),
+                        inner.rank
+                    ),
+                ));
+            }
+            Binding::Free if busy > 0 && issuer.owner.is_some_and(|o| o != me) => {
+                let e = Error::invalid(
+                    inner.rank,
+                    format!(
+                        "{} issued from a second thread while {busy} collective(s) issued by \
+                         another thread are in flight on this communicator: issue order \
+                         pairs collectives across ranks, so a communicator takes calls from \
+                         one thread at a time; the group is failed so that nothing pairs \
+                         across the race",
+                        fp.kind.name()
+                    ),
+                );
+                inner.health.fail(inner.rank, e.clone());
+                return Err(e);
+            }
+            Binding::Free => {}
+        }
+        if issuer.tx.is_none() {
+            return Err(Error::Aborted {
+                rank: inner.rank,
+                seq: fp.seq,
+            });
+        }
+        issuer.owner = Some(me);
         inner.inflight.fetch_add(1, Ordering::AcqRel);
         let shape = call.outputs.first().map_or((0, DType::F32), Output::shape);
         let op = Op {
@@ -596,7 +694,7 @@ impl Communicator {
         // Recorded before the progress thread can see the op, so that its
         // "in progress" is never overwritten by a late "enqueued".
         inner.health.flight.record(inner.rank, fp, State::Enqueued);
-        if tx.send(op).is_err() {
+        if issuer.tx.as_ref().is_none_or(|tx| tx.send(op).is_err()) {
             inner.inflight.fetch_sub(1, Ordering::AcqRel);
             inner.health.flight.record(inner.rank, fp, State::Failed);
             return Err(Error::device(
@@ -605,7 +703,7 @@ impl Communicator {
                 "the progress thread has stopped",
             ));
         }
-        issuer.seq += 1;
+        issuer.seq = issuer.seq.wrapping_add(1);
         Ok(Work::new(
             state,
             shape,
@@ -642,11 +740,28 @@ impl Communicator {
     /// fail at once instead of at their timeout.
     pub(crate) fn depart(&self) {
         let inner = &self.inner;
-        let deadline = Instant::now() + inner.timeout * 2;
+        let deadline = crate::deadline::after(inner.timeout.saturating_mul(2));
         while inner.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
         inner.health.set_gone(inner.rank);
+    }
+
+    /// A run is starting: no thread may issue until its rank thread is bound.
+    pub(crate) fn enter_run(&self) {
+        lock(&self.inner.issuer).binding = Binding::Run(None);
+    }
+
+    /// The calling thread is this rank's thread for the run.
+    pub(crate) fn bind_run_thread(&self) {
+        lock(&self.inner.issuer).binding = Binding::Run(Some(std::thread::current().id()));
+    }
+
+    /// The run is over: any thread may issue again, one at a time.
+    pub(crate) fn leave_run(&self) {
+        let mut issuer = lock(&self.inner.issuer);
+        issuer.binding = Binding::Free;
+        issuer.owner = None;
     }
 
     /// Prepares for a new `World::run`: waits for the previous run's
@@ -654,14 +769,14 @@ impl Communicator {
     /// sequence again at 0.
     pub(crate) fn reset(&self) -> Result<()> {
         let inner = &self.inner;
-        let deadline = Instant::now() + inner.timeout * 2;
+        let deadline = crate::deadline::after(inner.timeout.saturating_mul(2));
         while inner.inflight.load(Ordering::Acquire) > 0 {
             if Instant::now() > deadline {
                 return Err(Error::Timeout {
                     rank: inner.rank,
                     seq: lock(&inner.issuer).seq,
                     what: "the previous run's collectives to finish".into(),
-                    after: inner.timeout * 2,
+                    after: inner.timeout.saturating_mul(2),
                     flight: inner.health.flight.report(),
                 });
             }

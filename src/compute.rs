@@ -235,20 +235,20 @@ impl Compute {
     ) -> Result<Tensor> {
         f32_only(dev, a)?;
         f32_only(dev, b)?;
-        if a.len() != m * k || b.len() != k * n {
+        let what = || format!("matmul of [{m}, {k}] x [{k}, {n}]");
+        let (ak, kn) = (product(dev, m, k, &what)?, product(dev, k, n, &what)?);
+        if a.len() != ak || b.len() != kn {
             return Err(Error::invalid(
                 dev.rank,
-                format!(
-                    "matmul of {} and {} elements as [{m}, {k}] x [{k}, {n}]",
-                    a.len(),
-                    b.len()
-                ),
+                format!("{} on {} and {} elements", what(), a.len(), b.len()),
             ));
         }
+        let out_len = product(dev, m, n, &what)?;
+        let (m32, n32, k32) = (dim(dev, m, &what)?, dim(dev, n, &what)?, dim(dev, k, &what)?);
         let dims = Dims {
-            m: m as u32,
-            n: n as u32,
-            k: k as u32,
+            m: m32,
+            n: n32,
+            k: k32,
             flags: u32::from(ta) | (u32::from(tb) << 1),
             factor: 0,
             len: 0,
@@ -260,8 +260,8 @@ impl Compute {
             dims,
             a,
             b,
-            m * n,
-            ((n as u32).div_ceil(8), (m as u32).div_ceil(8)),
+            out_len,
+            (n32.div_ceil(8), m32.div_ceil(8)),
         )
     }
 
@@ -283,16 +283,17 @@ impl Compute {
             ));
         }
         let len = a.len();
+        let len32 = dim(dev, len, &|| format!("an element-wise op on {len} elements"))?;
         let dims = Dims {
             m: 0,
             n: 0,
             k: 0,
             flags: op as u32,
             factor: factor.to_bits(),
-            len: len as u32,
+            len: len32,
             pad: [0; 2],
         };
-        let groups = (len as u32).div_ceil(256);
+        let groups = len32.div_ceil(256);
         let x = groups.min(dev.limits.max_compute_workgroups_per_dimension);
         self.run(
             dev,
@@ -314,9 +315,17 @@ impl Compute {
         n: usize,
     ) -> Result<Tensor> {
         f32_only(dev, a)?;
+        let what = || format!("sum over the rows of [{m}, {n}]");
+        if product(dev, m, n, &what)? != a.len() {
+            return Err(Error::invalid(
+                dev.rank,
+                format!("{} on {} elements", what(), a.len()),
+            ));
+        }
+        let (m32, n32) = (dim(dev, m, &what)?, dim(dev, n, &what)?);
         let dims = Dims {
-            m: m as u32,
-            n: n as u32,
+            m: m32,
+            n: n32,
             k: 0,
             flags: 0,
             factor: 0,
@@ -330,7 +339,23 @@ impl Compute {
             a,
             a,
             n,
-            ((n as u32).div_ceil(64), 1),
+            (n32.div_ceil(64), 1),
         )
     }
+}
+
+/// `a * b`, or an invalid argument naming `what` when it overflows.
+fn product(dev: &RankDevice, a: usize, b: usize, what: &dyn Fn() -> String) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| Error::invalid(dev.rank, format!("{}: {a} x {b} overflows", what())))
+}
+
+/// A dimension as the kernels take it (`u32`), or an invalid argument.
+fn dim(dev: &RankDevice, v: usize, what: &dyn Fn() -> String) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        Error::invalid(
+            dev.rank,
+            format!("{}: {v} does not fit the kernels' 32-bit indices", what()),
+        )
+    })
 }

@@ -356,7 +356,7 @@ impl RankDevice {
         index: &wgpu::SubmissionIndex,
         limit: Duration,
     ) -> std::result::Result<bool, wgpu::PollError> {
-        let deadline = Instant::now() + limit;
+        let deadline = crate::deadline::after(limit);
         loop {
             let slice = deadline
                 .saturating_duration_since(Instant::now())
@@ -431,7 +431,7 @@ impl RankDevice {
         self.wait(&idx, None, "a tensor read-back")?;
         // Another thread polling this device may have collected our map
         // callback and not run it yet: give it until the timeout.
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::deadline::after(self.timeout);
         while lock(&mapped).is_none() && Instant::now() < deadline {
             self.poll_now();
             std::thread::yield_now();
@@ -487,8 +487,13 @@ pub(crate) fn size_class(bytes: u64) -> u64 {
     if bytes <= 256 {
         return 256;
     }
-    let step = bytes.next_power_of_two() / 8;
-    bytes.div_ceil(step) * step
+    // `bytes > 256`, so the step is at least 64; past 2^63 there is no
+    // class above, and the exact size is used.
+    bytes
+        .checked_next_power_of_two()
+        .map(|p| p / 8)
+        .and_then(|step| bytes.div_ceil(step).checked_mul(step))
+        .unwrap_or(bytes)
 }
 
 /// A caching allocator, as PyTorch's: freed buffers kept by (size, usage),

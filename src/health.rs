@@ -188,11 +188,11 @@ impl Health {
                     rank,
                     seq,
                     what: what(),
-                    after: now - start,
+                    after: now.saturating_duration_since(start),
                     flight: self.flight.report(),
                 });
             }
-            if let Some(v) = attempt((deadline - now).min(TICK))? {
+            if let Some(v) = attempt(deadline.saturating_duration_since(now).min(TICK))? {
                 return Ok(v);
             }
         }
@@ -218,7 +218,7 @@ impl Waiter<'_> {
         what: impl Fn() -> String,
         attempt: impl FnMut(Duration) -> Result<Option<T>>,
     ) -> Result<T> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::deadline::after(self.timeout);
         self.health
             .wait_loop(self.rank, self.fp.seq, deadline, what, attempt)
     }

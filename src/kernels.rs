@@ -112,6 +112,15 @@ impl BindCache {
         self.order.push_back(key.clone());
         self.groups.insert(key, group);
     }
+
+    /// Drops every bind group that binds one of `buffers`: a cached group
+    /// keeps its buffers alive, so without this a buffer the engine let go
+    /// of would stay resident until 512 later bindings pushed it out.
+    fn forget(&mut self, buffers: &[wgpu::Buffer]) {
+        let bound = |k: &BindKey| buffers.iter().any(|b| *b == k.0 || *b == k.2);
+        self.order.retain(|k| !bound(k));
+        self.groups.retain(|k, _| !bound(k));
+    }
 }
 
 impl Kernels {
@@ -153,6 +162,13 @@ impl Kernels {
         };
         lock(&self.reducers).insert(key, r.clone());
         Ok(r)
+    }
+
+    /// Forgets the cached bind groups of `buffers`, which are being dropped.
+    pub(crate) fn forget(&self, buffers: &[wgpu::Buffer]) {
+        if !buffers.is_empty() {
+            lock(&self.binds).forget(buffers);
+        }
     }
 
     fn module(&self, dev: &RankDevice, dtype: DType) -> Result<wgpu::ShaderModule> {

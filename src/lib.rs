@@ -35,6 +35,7 @@ mod algo;
 mod comm;
 mod compute;
 mod cost;
+mod deadline;
 pub mod ddp;
 mod device;
 mod error;

@@ -155,7 +155,7 @@ impl Timestamps {
         });
         let idx = dev.submit(enc, Some(seq))?;
         dev.wait(&idx, Some(seq), "a timestamp read-back")?;
-        let deadline = Instant::now() + dev.timeout;
+        let deadline = crate::deadline::after(dev.timeout);
         while lock(&mapped).is_none() && Instant::now() < deadline {
             dev.poll_now();
             std::thread::yield_now();

@@ -60,8 +60,20 @@ impl DType {
 
     /// Number of 32-bit words the kernels see for `len` elements: padded
     /// to whole 16-byte units, which is what one kernel invocation handles.
+    ///
+    /// Only for lengths of tensors that exist: their byte size was checked
+    /// when they were made ([`DType::padded_bytes`]), so this cannot overflow.
+    #[allow(clippy::arithmetic_side_effects)]
     pub(crate) fn words(self, len: usize) -> usize {
         (len * self.size()).div_ceil(16) * 4
+    }
+
+    /// Bytes of `len` elements padded to whole 16-byte units, or `None`
+    /// when that does not fit in `u64` (nor `usize`).
+    pub(crate) fn padded_bytes(self, len: usize) -> Option<u64> {
+        let bytes = len.checked_mul(self.size())?;
+        let padded = bytes.checked_next_multiple_of(16)?;
+        u64::try_from(padded).ok()
     }
 
     /// Bytes of the unit the reduction kernel loads at once (see
@@ -149,15 +161,15 @@ impl Tensor {
     /// after whatever the device still does with the buffer's last owner.
     pub(crate) fn from_slice<T: Element>(device: &Arc<RankDevice>, data: &[T]) -> Result<Tensor> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let buffer =
-            device.reuse_buffer(Self::buffer_size(device, T::DTYPE, data.len()), Self::USAGE)?;
+        let size = Self::buffer_size(device, T::DTYPE, data.len())?;
+        let buffer = device.reuse_buffer(size, Self::USAGE)?;
         device.write_buffer(&buffer, bytes)?;
         Ok(Self::wrap(device, buffer, T::DTYPE, data.len()))
     }
 
     /// A zero-filled tensor.
     pub(crate) fn zeros(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
-        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len), Self::USAGE)?;
+        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len)?, Self::USAGE)?;
         device.clear_buffer(&buffer)?;
         Ok(Self::wrap(device, buffer, dtype, len))
     }
@@ -165,7 +177,7 @@ impl Tensor {
     /// A tensor for a collective's output: its buffer may come from the
     /// device's pool with stale contents, so the collective must write all of it.
     pub(crate) fn output(device: &Arc<RankDevice>, dtype: DType, len: usize) -> Result<Tensor> {
-        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len), Self::USAGE)?;
+        let buffer = device.reuse_buffer(Self::buffer_size(device, dtype, len)?, Self::USAGE)?;
         Ok(Self::wrap(device, buffer, dtype, len))
     }
 
@@ -182,19 +194,27 @@ impl Tensor {
 
     /// Whole 16-byte units, rounded up to a size class so that freed
     /// buffers fit later tensors of similar size (see `device::size_class`).
-    pub(crate) fn buffer_size(device: &RankDevice, dtype: DType, len: usize) -> u64 {
-        let exact = (dtype.words(len) * 4) as u64;
+    /// A length whose byte size overflows is an invalid argument; one
+    /// larger than the adapter allows is refused by the device.
+    pub(crate) fn buffer_size(device: &RankDevice, dtype: DType, len: usize) -> Result<u64> {
+        let exact = dtype.padded_bytes(len).ok_or_else(|| {
+            Error::invalid(
+                device.rank,
+                format!("a {dtype} tensor of {len} elements: its size in bytes overflows"),
+            )
+        })?;
+        device.check_buffer_size("tensor", exact)?;
         let class = size_class(exact);
-        if class > device.limits.max_buffer_size {
+        Ok(if class > device.limits.max_buffer_size {
             exact
         } else {
             class
-        }
+        })
     }
 
     /// Bytes of the tensor that kernels and copies touch (whole 16-byte units).
     pub(crate) fn used_bytes(&self) -> u64 {
-        (self.words() * 4) as u64
+        self.inner.dtype.padded_bytes(self.inner.len).unwrap_or(0)
     }
 
     /// Number of elements.

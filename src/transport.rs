@@ -349,6 +349,7 @@ impl Stager {
     /// Forgets every staging buffer: after a failed collective their map
     /// states are unknown, so they are made afresh on next use.
     pub(crate) fn clear(&mut self) {
+        self.forget_buffers();
         self.capacity = 0;
         self.readback = None;
         self.uploads.clear();
@@ -359,6 +360,18 @@ impl Stager {
         self.lend_armed = None;
     }
 
+    /// Forgets the bind groups of the buffers kernels read (uploads and
+    /// scratch) before they are dropped, so that dropping frees them.
+    fn forget_buffers(&self) {
+        let bound: Vec<wgpu::Buffer> = self
+            .uploads
+            .iter()
+            .map(|s| s.buf.clone())
+            .chain(self.scratch.clone())
+            .collect();
+        self.dev.kernels.forget(&bound);
+    }
+
     /// Makes sure every staging buffer holds at least `bytes`. Buffers are
     /// made on first use and only remade when a larger slice comes.
     pub(crate) fn reserve(&mut self, bytes: u64) -> Result<()> {
@@ -366,6 +379,7 @@ impl Stager {
             return Ok(());
         }
         use wgpu::BufferUsages as U;
+        self.forget_buffers();
         let dev = &self.dev;
         self.readback = Some(Staging::new(
             dev,

@@ -175,7 +175,7 @@ impl Work {
     /// Like [`wait`](Self::wait), but gives up after `limit` from now with
     /// [`Error::Timeout`].
     pub fn wait_timeout(self, limit: Duration) -> Result<Tensor> {
-        self.finish(Some(Instant::now() + limit))?;
+        self.finish(Some(crate::deadline::after(limit)))?;
         self.first()
     }
 
@@ -261,8 +261,12 @@ impl Work {
                 (_, Some(d)) => d,
                 // Bounded by the progress thread's own per-wait timeouts;
                 // this is a backstop should it ever stop publishing.
-                (Phase::Running(since), None) => *since + self.timeout * 2 + Duration::from_secs(1),
-                (Phase::Queued, None) => now + self.timeout * 2 + Duration::from_secs(1),
+                (Phase::Running(since), None) => {
+                    crate::deadline::after_from(*since, crate::deadline::backstop(self.timeout))
+                }
+                (Phase::Queued, None) => {
+                    crate::deadline::after_from(now, crate::deadline::backstop(self.timeout))
+                }
             };
             if now >= limit {
                 return Err(self.timeout_error("the collective's host steps", start.elapsed()));
@@ -270,7 +274,7 @@ impl Work {
             phase = self
                 .state
                 .changed
-                .wait_timeout(phase, limit - now)
+                .wait_timeout(phase, limit.saturating_duration_since(now))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }

@@ -6,6 +6,7 @@
 //! separate processes would.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::comm::{Communicator, panic_message};
@@ -105,6 +106,36 @@ pub struct World {
     adapters: Vec<wgpu::AdapterInfo>,
     health: Arc<Health>,
     tuning: Tuning,
+    /// Set while a `run` is in progress (see [`World::run`]).
+    running: AtomicBool,
+}
+
+/// Ends a run, however it ends: the communicators take calls from any
+/// thread again, and another run may start.
+struct RunGuard<'a> {
+    running: &'a AtomicBool,
+    comms: &'a [Communicator],
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        for c in self.comms {
+            c.leave_run();
+        }
+        self.running.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for World {
+    /// Aborts whatever is still in flight, so that a rank waiting for a
+    /// peer that will never issue fails within a tick instead of holding
+    /// the drop for the whole timeout; then each communicator's progress
+    /// thread drains its queue (every op fails at once) and is joined.
+    /// Communicators made by `split` from this world fail from then on too.
+    fn drop(&mut self) {
+        let seq = 0;
+        self.health.fail(0, Error::Aborted { rank: 0, seq });
+    }
 }
 
 impl std::fmt::Debug for World {
@@ -162,6 +193,7 @@ impl World {
             adapters: infos,
             health,
             tuning,
+            running: AtomicBool::new(false),
         })
     }
 
@@ -193,11 +225,35 @@ impl World {
     /// fail with [`Error::PeerFailed`] instead of hanging, and `run` returns
     /// [`Error::RankPanicked`] for the lowest such rank. The world can run
     /// again afterwards.
+    ///
+    /// One run at a time: a run starts every rank's sequence numbers at 0,
+    /// so two runs at once would pair each other's collectives. A `run`
+    /// called while another is in progress (from another thread) returns
+    /// [`Error::InvalidArgument`] at once and touches nothing.
     pub fn run<T, F>(&self, f: F) -> Result<Vec<T>>
     where
         T: Send,
         F: Fn(&Communicator) -> T + Sync,
     {
+        if self
+            .running
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: "World::run called while another run of this world is in progress: \
+                       two runs at once would pair each other's collectives"
+                    .into(),
+            });
+        }
+        let _guard = RunGuard {
+            running: &self.running,
+            comms: &self.comms,
+        };
+        for c in &self.comms {
+            c.enter_run();
+        }
         for c in &self.comms {
             c.reset()?;
         }
@@ -211,6 +267,7 @@ impl World {
                     std::thread::Builder::new()
                         .name(format!("rank-{}", c.rank()))
                         .spawn_scoped(s, move || {
+                            c.bind_run_thread();
                             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)));
                             if let Err(p) = &r {
                                 c.fail_group(Error::RankPanicked {
