@@ -313,7 +313,7 @@ impl Communicator {
     pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
-        let out = self.output(x.dtype(), x.len() / self.size())?;
+        let out = self.output(x.dtype(), self.share(x))?;
         self.issue(Call {
             op: Some(op),
             ..Call::new(Kind::ReduceScatter, x, out)
@@ -361,7 +361,7 @@ impl Communicator {
         let n = self.size();
         let even = || -> Result<Vec<usize>> {
             self.check_divisible(x)?;
-            Ok(vec![x.len() / n; n])
+            Ok(vec![self.share(x); n])
         };
         let send = match send_counts {
             Some(c) => self.check_counts("send_counts", c)?,
@@ -440,7 +440,7 @@ impl Communicator {
         }
         let outs = xs
             .iter()
-            .map(|x| self.output(x.dtype(), x.len() / self.size()))
+            .map(|x| self.output(x.dtype(), self.share(x)))
             .collect::<Result<_>>()?;
         self.issue_coalesced(Kind::ReduceScatterCoalesced, xs, outs, dtype, Some(op))
     }
@@ -551,7 +551,7 @@ impl Communicator {
     }
 
     fn check_divisible(&self, x: &Tensor) -> Result<()> {
-        if x.len() % self.size() != 0 {
+        if x.len().checked_rem(self.size()) != Some(0) {
             return Err(Error::invalid(
                 self.rank(),
                 format!(
@@ -588,6 +588,11 @@ impl Communicator {
         Ok(counts.to_vec())
     }
 
+    /// This rank's even share of `x`.
+    fn share(&self, x: &Tensor) -> usize {
+        x.len().checked_div(self.size()).unwrap_or(0)
+    }
+
     /// The length of `x` gathered from every rank.
     fn gathered_len(&self, x: &Tensor) -> Result<usize> {
         x.len().checked_mul(self.size()).ok_or_else(|| {
@@ -608,7 +613,10 @@ impl Communicator {
             .iter()
             .try_fold(0usize, |a, &c| a.checked_add(c))
             .ok_or_else(|| {
-                Error::invalid(self.rank(), format!("{what} {counts:?}: their sum overflows"))
+                Error::invalid(
+                    self.rank(),
+                    format!("{what} {counts:?}: their sum overflows"),
+                )
             })
     }
 

@@ -244,7 +244,11 @@ impl Compute {
             ));
         }
         let out_len = product(dev, m, n, &what)?;
-        let (m32, n32, k32) = (dim(dev, m, &what)?, dim(dev, n, &what)?, dim(dev, k, &what)?);
+        let (m32, n32, k32) = (
+            dim(dev, m, &what)?,
+            dim(dev, n, &what)?,
+            dim(dev, k, &what)?,
+        );
         let dims = Dims {
             m: m32,
             n: n32,
@@ -283,7 +287,9 @@ impl Compute {
             ));
         }
         let len = a.len();
-        let len32 = dim(dev, len, &|| format!("an element-wise op on {len} elements"))?;
+        let len32 = dim(dev, len, &|| {
+            format!("an element-wise op on {len} elements")
+        })?;
         let dims = Dims {
             m: 0,
             n: 0,
@@ -332,15 +338,7 @@ impl Compute {
             len: 0,
             pad: [0; 2],
         };
-        self.run(
-            dev,
-            |p| &p.sum_rows,
-            dims,
-            a,
-            a,
-            n,
-            (n32.div_ceil(64), 1),
-        )
+        self.run(dev, |p| &p.sum_rows, dims, a, a, n, (n32.div_ceil(64), 1))
     }
 }
 

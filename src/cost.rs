@@ -144,7 +144,7 @@ impl CostModel {
             one.push(time(1)?);
             many.push(time(17)?);
         }
-        Ok(median(many).saturating_sub(median(one)) / 16)
+        Ok(median(many).saturating_sub(median(one)).div_f64(16.0))
     }
 
     fn hop(&self, bytes: f64) -> f64 {
@@ -156,8 +156,9 @@ impl CostModel {
         if n < 2 {
             return Duration::ZERO;
         }
-        let hops = 2.0 * (n - 1) as f64 * self.hop(bytes as f64 / n as f64);
-        Duration::from_secs_f64(hops + (n - 1) as f64 * self.dispatch.as_secs_f64())
+        let steps = n.saturating_sub(1) as f64;
+        let hops = 2.0 * steps * self.hop(bytes as f64 / n as f64);
+        seconds(hops + steps * self.dispatch.as_secs_f64())
     }
 
     /// Estimated one-shot all-reduce time: S out to the host, n
@@ -168,7 +169,8 @@ impl CostModel {
             return Duration::ZERO;
         }
         let hops = self.hop(bytes as f64) + self.hop(n as f64 * bytes as f64);
-        Duration::from_secs_f64(hops + (n * (n - 1)) as f64 * self.dispatch.as_secs_f64())
+        let reductions = n as f64 * n.saturating_sub(1) as f64;
+        seconds(hops + reductions * self.dispatch.as_secs_f64())
     }
 
     /// The cheaper all-reduce for `bytes` on `n` ranks (the ring on ties).
@@ -187,8 +189,8 @@ impl CostModel {
         if self.all_reduce_algorithm(n, 1) != Algorithm::OneShot {
             return 0;
         }
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
+        while hi.abs_diff(lo) > 1 {
+            let mid = lo.midpoint(hi);
             if self.all_reduce_algorithm(n, mid) == Algorithm::OneShot {
                 lo = mid;
             } else {
@@ -197,4 +199,10 @@ impl CostModel {
         }
         lo
     }
+}
+
+/// An estimate in seconds as a `Duration`: negative or NaN is zero, too
+/// large is `Duration::MAX` (a model with a zero bandwidth, say).
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
 }

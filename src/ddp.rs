@@ -7,6 +7,10 @@
 //! (dce, sink_waits, reorder_for_overlap, bucket_all_reduces), so that
 //! earlier layers' backward runs while later layers' gradients are reduced.
 //! Both give the same bits: only when things run changes.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "model index math: `train` refuses models whose batch x hidden or hidden x hidden exceed u32, or with more than MAX_LAYERS layers, before any of it runs"
+)]
 
 use std::time::Instant;
 
@@ -18,6 +22,9 @@ use crate::graph::{Graph, Tracer, verify};
 use crate::op::ReduceOp;
 use crate::tensor::{DType, Tensor};
 use crate::world::World;
+
+/// Most layers `train` accepts.
+pub const MAX_LAYERS: usize = 1024;
 
 /// The model and its training.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -241,6 +248,17 @@ pub fn train(
     keep_bits: bool,
 ) -> Result<Vec<RankRun>> {
     let n = world.size();
+    let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|v| u32::try_from(v).is_ok());
+    if !fits(m.hidden, m.hidden) || !fits(m.batch, m.hidden) || m.layers > MAX_LAYERS {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: format!(
+                "a model of {} layers of {} with a batch of {}: at most {MAX_LAYERS} layers, \
+                 and hidden x hidden and batch x hidden must fit the kernels' 32-bit indices",
+                m.layers, m.hidden, m.batch
+            ),
+        });
+    }
     if m.batch % n != 0 || m.layers == 0 || m.hidden == 0 {
         return Err(Error::InvalidArgument {
             rank: None,

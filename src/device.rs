@@ -225,7 +225,7 @@ impl RankDevice {
     /// Schedules `data` to be written at the start of `buffer` (padded to
     /// whole words), ahead of the next submission on this queue.
     pub(crate) fn write_buffer(&self, buffer: &wgpu::Buffer, data: &[u8]) -> Result<()> {
-        let padded = (data.len() as u64).div_ceil(4) * 4;
+        let padded = (data.len() as u64).next_multiple_of(4);
         let Some(size) = wgpu::BufferSize::new(padded) else {
             return Ok(());
         };
@@ -234,9 +234,10 @@ impl RankDevice {
                 return false;
             };
             view.slice(..data.len()).copy_from_slice(data);
-            let tail = padded as usize - data.len();
+            let tail = (padded as usize).saturating_sub(data.len());
             if tail > 0 {
-                view.slice(data.len()..).copy_from_slice(&[0u8; 3][..tail]);
+                view.slice(data.len()..)
+                    .copy_from_slice(&[0u8; 3][..tail.min(3)]);
             }
             true
         })?;
@@ -278,7 +279,20 @@ impl RankDevice {
         let mut enc = self.encoder();
         let mut off = 0u64;
         for p in parts {
-            let bytes = (p.len() * dtype.size()) as u64;
+            let bytes = p.len().checked_mul(dtype.size()).map(|b| b as u64);
+            let end = bytes.and_then(|b| off.checked_add(b));
+            let (Some(bytes), Some(end)) = (bytes, end) else {
+                return Err(Error::invalid(
+                    self.rank,
+                    "concat: the parts' sizes overflow",
+                ));
+            };
+            if end > out.used_bytes() {
+                return Err(Error::invalid(
+                    self.rank,
+                    format!("concat of parts longer than the {len} elements asked for"),
+                ));
+            }
             if bytes % 4 != 0 || off % 4 != 0 {
                 return Err(Error::invalid(
                     self.rank,
@@ -288,7 +302,7 @@ impl RankDevice {
             if bytes > 0 {
                 enc.copy_buffer_to_buffer(p.buffer(), 0, out.buffer(), off, bytes);
             }
-            off += bytes;
+            off = end;
         }
         self.submit(enc, None)?;
         Ok(out)
@@ -302,7 +316,18 @@ impl RankDevice {
         len: usize,
     ) -> Result<crate::tensor::Tensor> {
         let size = t.dtype().size();
+        if start.checked_add(len).is_none_or(|end| end > t.len()) {
+            return Err(Error::invalid(
+                self.rank,
+                format!(
+                    "split of elements {start}..+{len} of a tensor of {}",
+                    t.len()
+                ),
+            ));
+        }
         let out = crate::tensor::Tensor::output(self, t.dtype(), len)?;
+        // Within `t`, whose byte size was checked when it was made.
+        #[allow(clippy::arithmetic_side_effects, reason = "within an existing tensor")]
         let (off, bytes) = ((start * size) as u64, (len * size) as u64);
         if off % 4 != 0 || bytes % 4 != 0 {
             return Err(Error::invalid(
@@ -413,7 +438,7 @@ impl RankDevice {
     /// Copies the first `out.len()` bytes of `buffer` to the host. Not a hot
     /// path: it makes a staging buffer per call.
     pub(crate) fn read_buffer(&self, buffer: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
-        let size = (out.len() as u64).div_ceil(4) * 4;
+        let size = (out.len() as u64).next_multiple_of(4);
         let staging = self.create_buffer(
             "readback",
             size,
@@ -510,19 +535,19 @@ impl BufferPool {
             .free
             .iter()
             .rposition(|b| b.size() == size && b.usage() == usage)?;
-        self.bytes -= size;
+        self.bytes = self.bytes.saturating_sub(size);
         Some(self.free.swap_remove(i))
     }
 
     fn put(&mut self, buffer: wgpu::Buffer) {
         let size = buffer.size();
         // Oldest first out, until the new one fits.
-        while self.bytes + size > POOL_BYTES && !self.free.is_empty() {
+        while self.bytes.saturating_add(size) > POOL_BYTES && !self.free.is_empty() {
             let old = self.free.remove(0);
-            self.bytes -= old.size();
+            self.bytes = self.bytes.saturating_sub(old.size());
         }
         if size <= POOL_BYTES {
-            self.bytes += size;
+            self.bytes = self.bytes.saturating_add(size);
             self.free.push(buffer);
         }
     }

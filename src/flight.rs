@@ -103,9 +103,9 @@ impl Flight {
                     " [{} {} {} bytes, {} {:.3}s]",
                     e.fp.seq,
                     e.fp.kind.name(),
-                    e.fp.len * e.fp.dtype.size(),
+                    e.fp.len.saturating_mul(e.fp.dtype.size()),
                     e.state.name(),
-                    (now - e.since).as_secs_f64()
+                    now.saturating_duration_since(e.since).as_secs_f64()
                 );
             }
         }

@@ -61,7 +61,8 @@ pub fn reduction_workgroups(
         wgpu::DeviceType::Cpu => CPU_UNITS_PER_INVOCATION,
         _ => 1,
     };
-    let groups = (bytes / dtype.unit_bytes()).div_ceil(WORKGROUP * per);
+    let units = bytes.checked_div(dtype.unit_bytes()).unwrap_or(0);
+    let groups = units.div_ceil(WORKGROUP.saturating_mul(per));
     groups.clamp(1, u64::from(max_groups.max(1))) as u32
 }
 
@@ -256,7 +257,7 @@ impl Reducer {
                 .map(|(set, i)| wgpu::ComputePassTimestampWrites {
                     query_set: set,
                     beginning_of_pass_write_index: Some(*i),
-                    end_of_pass_write_index: Some(*i + 1),
+                    end_of_pass_write_index: Some(i.saturating_add(1)),
                 }),
         });
         pass.set_pipeline(&self.pipeline);

@@ -30,13 +30,22 @@
 //! - `health`: failure propagation and bounded waits.
 //! - `device`: one rank's wgpu device, with errors turned into values.
 #![warn(missing_docs)]
+// Nothing reachable from a public call may panic or overflow unnoticed:
+// arithmetic on sizes is checked or saturating, and each place left
+// unchecked carries an `allow` saying why its values are in range.
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 mod algo;
 mod comm;
 mod compute;
 mod cost;
-mod deadline;
 pub mod ddp;
+mod deadline;
 mod device;
 mod error;
 mod fingerprint;

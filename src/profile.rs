@@ -134,8 +134,9 @@ impl Timestamps {
         if self.used == PAIRS {
             return None;
         }
-        self.used += 1;
-        Some((self.set.clone(), (self.used - 1) * 2))
+        let first = self.used.checked_mul(2)?;
+        self.used = self.used.checked_add(1)?;
+        Some((self.set.clone(), first))
     }
 
     /// Reads the batch back (waiting for the device) and returns the total
@@ -146,7 +147,7 @@ impl Timestamps {
         }
         let bytes = u64::from(self.used) * 16;
         let mut enc = dev.encoder();
-        enc.resolve_query_set(&self.set, 0..self.used * 2, &self.resolve, 0);
+        enc.resolve_query_set(&self.set, 0..self.used.saturating_mul(2), &self.resolve, 0);
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, bytes);
         let mapped = Arc::new(Mutex::new(None));
         let m = mapped.clone();

@@ -180,6 +180,10 @@ impl Progress {
 
     /// Runs one collective into `outs` (its outputs, made here); returns
     /// the submission that last writes them.
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+    )]
     fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<wgpu::SubmissionIndex> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
@@ -332,6 +336,10 @@ impl Progress {
 
 /// Sends this rank's fingerprint to the next rank of the ring and checks
 /// the previous rank's against it.
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
 fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
     let data = link.buffer();
     link.post(
@@ -354,6 +362,10 @@ fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
 }
 
 /// All-gathers `x` into `out` (n x len, rank-major).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
 fn all_gather(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
     let (n, r) = (p.nranks, p.rank());
     let bytes = x.len() * x.dtype().size();
@@ -397,6 +409,10 @@ fn all_gather(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) ->
 }
 
 /// Reduce-scatters `x` (n chunks) into `out` (this rank's chunk).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
 fn reduce_scatter(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
     let (n, r) = (p.nranks, p.rank());
     let m = out.len();
@@ -446,6 +462,10 @@ fn reduce_scatter(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor
 
 /// All-reduces several tensors in one ring pass over their concatenation
 /// (each starting on a 16-byte unit).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
 fn all_reduce_coalesced(
     p: &mut Prims,
     dev: &Arc<RankDevice>,
@@ -473,6 +493,10 @@ fn all_reduce_coalesced(
 }
 
 /// Every rank's (color, key), gathered around the ring on the host.
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
 fn split_table(p: &mut Prims, color: Option<u32>, key: usize) -> Result<Vec<(Option<u32>, usize)>> {
     let (n, r) = (p.nranks, p.rank());
     let encode = |rank: usize, color: Option<u32>, key: usize| {

@@ -119,7 +119,9 @@ pub(crate) struct Endpoint {
 
 /// Links between every pair of `n` ranks; entry `r` is rank `r`'s endpoint.
 pub(crate) fn mesh(n: usize) -> Vec<Endpoint> {
-    let pool = Arc::new(ArrayQueue::new(4 * n.max(1)));
+    let pool = Arc::new(ArrayQueue::new(
+        n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
+    ));
     // links[a][b]: a -> b
     let links: Vec<Vec<(Sender<Packet>, Receiver<Packet>)>> = (0..n)
         .map(|_| (0..n).map(|_| unbounded()).collect())
@@ -483,7 +485,10 @@ impl Stager {
         enc.copy_buffer_to_buffer(src, off, &slot.staging.buf, 0, bytes);
         slot.staging.arm(enc, wgpu::MapMode::Read);
         self.lend_armed = Some(i);
-        self.next_lend = (i + 1) % self.lends.len();
+        self.next_lend = i
+            .saturating_add(1)
+            .checked_rem(self.lends.len())
+            .unwrap_or(0);
         Ok(())
     }
 
@@ -597,7 +602,10 @@ impl Stager {
         slot.buf.unmap();
         slot.arm(enc, wgpu::MapMode::Write);
         self.used.push(i);
-        self.next_upload = (i + 1) % self.uploads.len();
+        self.next_upload = i
+            .saturating_add(1)
+            .checked_rem(self.uploads.len())
+            .unwrap_or(0);
         Ok(slot.buf.clone())
     }
 

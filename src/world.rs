@@ -163,7 +163,16 @@ impl World {
         }
         let adapters = find_adapters(&config)?;
         let devices = (0..n)
-            .map(|rank| RankDevice::new(rank, &adapters[rank % adapters.len()], config.timeout))
+            .map(|rank| {
+                let adapter = rank
+                    .checked_rem(adapters.len())
+                    .and_then(|i| adapters.get(i))
+                    .ok_or_else(|| Error::NoAdapter {
+                        backends: format!("{:?}", config.backends()),
+                        name: String::new(),
+                    })?;
+                RankDevice::new(rank, adapter, config.timeout)
+            })
             .collect::<Result<Vec<_>>>()?;
         // One hop's cost, measured where rank 0 runs: it picks algorithms.
         let tuning = Tuning {

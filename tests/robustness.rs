@@ -14,8 +14,11 @@ use common::*;
 use wgpu_collectives::graph::eager;
 use wgpu_collectives::{DType, Error, ReduceOp, World, WorldConfig};
 
+/// Each rank's outputs, or its error.
+type PerRank = Vec<Result<Vec<Vec<f32>>, Error>>;
+
 /// Ten all_reduces of `[v; 8]` on every rank; each must sum to n·v.
-fn ten_sums(w: &World, v: f32) -> Result<Vec<Result<Vec<Vec<f32>>, Error>>, Error> {
+fn ten_sums(w: &World, v: f32) -> Result<PerRank, Error> {
     w.run(|c| {
         let x = c.tensor(&[v; 8])?;
         let works = (0..10)
@@ -209,7 +212,9 @@ fn an_infinite_timeout_waits_instead_of_panicking() {
     let out = w
         .run(|c| {
             let x = c.tensor(&[c.rank() as i32 + 1; 6])?;
-            let y = c.all_reduce(&x, ReduceOp::Sum)?.wait_timeout(Duration::MAX)?;
+            let y = c
+                .all_reduce(&x, ReduceOp::Sum)?
+                .wait_timeout(Duration::MAX)?;
             let z = c.broadcast(&y, 1)?.wait()?;
             c.barrier()?.wait_timeout(Duration::MAX)?;
             z.to_vec::<i32>()
@@ -234,8 +239,10 @@ fn all_to_all_counts_are_checked_before_anything_is_issued() {
                 c.all_to_all(&x, Some(&[2, 2]), Some(&own)).err(),
                 // Sums that wrap.
                 c.all_to_all(&x, Some(&[usize::MAX, 1]), None).err(),
-                c.all_to_all(&x, Some(&[2, 2]), Some(&[2, usize::MAX])).err(),
-                c.all_to_all(&x, Some(&[2, 2]), Some(&[usize::MAX, 2])).err(),
+                c.all_to_all(&x, Some(&[2, 2]), Some(&[2, usize::MAX]))
+                    .err(),
+                c.all_to_all(&x, Some(&[2, 2]), Some(&[usize::MAX, 2]))
+                    .err(),
             ];
             // Nothing was issued: a valid call now runs as sequence 0 on both ranks.
             let y = c.all_to_all(&x, None, None)?.wait()?.to_vec::<u32>()?;

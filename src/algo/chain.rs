@@ -2,6 +2,10 @@
 //! from the root to root-1, reduce flows from root+1 to the root. Slices
 //! follow each other down the chain, so a large tensor costs about one
 //! pass of the chain, not n.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
+)]
 
 use crate::algo::prims::{Prims, Span};
 use crate::error::Result;

@@ -6,6 +6,10 @@
 //! ending at rank c, with the ring's chunk boundaries), so the one-shot and
 //! the ring give the same bits: which one the cost model picks never shows
 //! in the results.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
+)]
 
 use crate::algo::prims::{Prims, Span};
 use crate::error::Result;

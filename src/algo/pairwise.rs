@@ -7,6 +7,10 @@
 //! start at arbitrary element offsets (16-bit elements at odd offsets are
 //! not word aligned), so they are cut and placed in host images of the
 //! input and output, which the bytes cross anyway.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
+)]
 
 use crate::algo::prims::Prims;
 use crate::error::{Error, Result};

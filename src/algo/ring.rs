@@ -7,6 +7,10 @@
 //! already moving the next one. Chunk `c` of a reduction is always reduced
 //! in the same ring order, starting at rank c+1 and ending at rank c, then
 //! copied: every rank gets the same bits, on every run.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
+)]
 
 use crate::algo::prims::{Prims, Span};
 use crate::error::Result;

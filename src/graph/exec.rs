@@ -208,8 +208,11 @@ pub fn execute(
             }
             Op::Split { parts, index } => {
                 let a = arg(0)?;
-                let len = a.len() / (*parts).max(1);
-                Some(Value::Ready(dev.slice(&a, index * len, len)?))
+                let len = a.len().checked_div(*parts).unwrap_or(0);
+                let start = index.checked_mul(len).ok_or_else(|| {
+                    Error::invalid(dev.rank, format!("split part {index} of {len} overflows"))
+                })?;
+                Some(Value::Ready(dev.slice(&a, start, len)?))
             }
             op if op.is_collective() => {
                 let work = issue(

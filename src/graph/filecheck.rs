@@ -1,6 +1,10 @@
 //! Checks that lines appear in a text in a given order, as LLVM's
 //! FileCheck does with `CHECK:` lines: each expected fragment must be found
 //! in a line after the line that matched the fragment before it.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "positions within a slice of lines, which cannot overflow"
+)]
 
 /// `Ok` when every fragment of `expected` is found, in order, each in a
 /// later line than the previous one; else says which one was not found

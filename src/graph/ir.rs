@@ -152,7 +152,7 @@ pub struct Node {
 impl Node {
     /// Number of elements of the value.
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
     /// Whether the value has no elements.
@@ -162,7 +162,7 @@ impl Node {
 
     /// Bytes of the value.
     pub fn bytes(&self) -> usize {
-        self.len() * self.dtype.size()
+        self.len().saturating_mul(self.dtype.size())
     }
 }
 
@@ -199,7 +199,11 @@ impl Graph {
 
     /// A fresh id.
     pub fn next_id(&self) -> NodeId {
-        self.nodes.iter().map(|n| n.id + 1).max().unwrap_or(0)
+        self.nodes
+            .iter()
+            .map(|n| n.id.saturating_add(1))
+            .max()
+            .unwrap_or(0)
     }
 
     /// One stable line per node, e.g. `%4 = all_reduce(%3, "sum")`.

@@ -23,8 +23,9 @@ impl Tracer {
     fn push(&mut self, op: Op, args: Vec<NodeId>, dtype: DType, shape: Vec<usize>) -> NodeId {
         let id = self.graph.nodes.len();
         let seq = op.is_collective().then(|| {
-            self.collectives += 1;
-            self.collectives - 1
+            let seq = self.collectives;
+            self.collectives = seq.wrapping_add(1);
+            seq
         });
         self.graph.nodes.push(Node {
             id,
@@ -133,7 +134,11 @@ impl Tracer {
     /// Part `index` of `parts` equal parts of 1-D `a`.
     pub fn split(&mut self, a: NodeId, parts: usize, index: usize) -> NodeId {
         let (dtype, s) = self.shape(a);
-        let len = s.iter().product::<usize>() / parts.max(1);
+        let len = s
+            .iter()
+            .fold(1usize, |a, &d| a.saturating_mul(d))
+            .checked_div(parts)
+            .unwrap_or(0);
         self.push(Op::Split { parts, index }, vec![a], dtype, vec![len])
     }
 
@@ -152,7 +157,7 @@ impl Tracer {
     pub fn all_gather(&mut self, a: NodeId, ranks: usize) -> NodeId {
         let (dtype, mut shape) = self.shape(a);
         if let Some(d) = shape.first_mut() {
-            *d *= ranks;
+            *d = d.saturating_mul(ranks);
         }
         self.collective(Op::AllGather, vec![a], dtype, shape)
     }
@@ -161,7 +166,7 @@ impl Tracer {
     pub fn reduce_scatter(&mut self, a: NodeId, op: ReduceOp, ranks: usize) -> NodeId {
         let (dtype, mut shape) = self.shape(a);
         if let Some(d) = shape.first_mut() {
-            *d /= ranks.max(1);
+            *d = d.checked_div(ranks).unwrap_or(0);
         }
         self.collective(Op::ReduceScatter(op), vec![a], dtype, shape)
     }

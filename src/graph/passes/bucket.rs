@@ -39,7 +39,7 @@ fn wait_of(g: &Graph, id: NodeId) -> Option<NodeId> {
 
 /// Whether `b` may join a bucket whose members are `bucket`.
 fn joins(g: &Graph, bucket: &[NodeId], b: &Node, op: ReduceOp, bytes: usize, cap: usize) -> bool {
-    if b.op != Op::AllReduce(op) || bytes + b.bytes() > cap {
+    if b.op != Op::AllReduce(op) || bytes.saturating_add(b.bytes()) > cap {
         return false;
     }
     let Some(first) = bucket.first().and_then(|&m| g.node(m)) else {
@@ -88,7 +88,7 @@ pub fn bucket_all_reduces(mut g: Graph, cap: usize) -> Graph {
             _ => false,
         };
         if fits {
-            bytes += node.bytes();
+            bytes = bytes.saturating_add(node.bytes());
             if let Some(b) = buckets.last_mut() {
                 b.push(c);
             }
@@ -147,9 +147,9 @@ fn merge(g: &mut Graph, members: &[NodeId]) {
     for &m in members {
         let p = g.positions().get(&m).copied().unwrap_or(0);
         if p < cursor {
-            cursor -= 1;
+            cursor = cursor.saturating_sub(1);
         }
-        move_to(g, m, cursor + 1);
+        move_to(g, m, cursor.saturating_add(1));
         cursor = g.positions().get(&m).copied().unwrap_or(cursor);
     }
     for &m in members {

@@ -21,7 +21,7 @@ pub fn raise_comms(mut g: Graph) -> Graph {
             .args
             .iter()
             .filter_map(|a| pos.get(a))
-            .map(|p| p + 1)
+            .map(|p| p.saturating_add(1))
             .max()
             .unwrap_or(0);
         let target = ready.max(floor);
@@ -29,7 +29,7 @@ pub fn raise_comms(mut g: Graph) -> Graph {
         if target < here {
             move_to(&mut g, c, target);
         }
-        floor = g.positions().get(&c).map_or(floor, |p| p + 1);
+        floor = g.positions().get(&c).map_or(floor, |p| p.saturating_add(1));
     }
     g
 }

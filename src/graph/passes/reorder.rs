@@ -31,7 +31,7 @@ pub struct GraphCost {
 impl GraphCost {
     /// Estimated time of `n` (zero for bookkeeping nodes).
     pub fn of(&self, g: &Graph, n: &Node) -> Duration {
-        let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        let secs = |s: f64| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX);
         let arg_bytes: usize = n
             .args
             .iter()
@@ -41,9 +41,11 @@ impl GraphCost {
         match &n.op {
             Op::Matmul { .. } => {
                 let k = n.args.first().and_then(|&a| g.node(a)).map_or(0, |a| {
-                    a.len() / n.shape.first().copied().unwrap_or(1).max(1)
+                    a.len()
+                        .checked_div(n.shape.first().copied().unwrap_or(1))
+                        .unwrap_or(0)
                 });
-                secs(2.0 * (n.len() * k) as f64 / self.flops)
+                secs(2.0 * n.len() as f64 * k as f64 / self.flops)
             }
             Op::AllReduce(_) | Op::AllReduceCoalesced(_) => {
                 self.comm.ring_all_reduce(self.ranks, arg_bytes)
@@ -57,7 +59,7 @@ impl GraphCost {
             Op::Input(_) | Op::Output | Op::Item(_) | Op::WaitTensor | Op::Reshape => {
                 Duration::ZERO
             }
-            _ => secs((arg_bytes + n.bytes()) as f64 / self.bytes),
+            _ => secs(arg_bytes.saturating_add(n.bytes()) as f64 / self.bytes),
         }
     }
 }
@@ -121,7 +123,7 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
         let t = cost.of(&g, n);
         if n.op.is_collective() {
             let start = now.max(comm_free);
-            comm_free = start + t;
+            comm_free = start.saturating_add(t);
             finish.insert(n.id, comm_free);
             next_seq = g
                 .nodes
@@ -139,7 +141,7 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
                 now = now.max(*end);
             }
         } else {
-            now += t;
+            now = now.saturating_add(t);
         }
         done.insert(n.id);
         out.push(n.clone());
