@@ -14,8 +14,10 @@ use crate::error::Result;
 use crate::op::ReduceOp;
 use crate::tensor::DType;
 
-/// Which all-reduce algorithm runs.
+/// Which all-reduce algorithm runs. More may come (two-shot, on a shared
+/// device), so matches need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// The cheaper of the two for each call, by the cost model.
     Auto,

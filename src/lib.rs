@@ -30,6 +30,7 @@
 //! - `health`: failure propagation and bounded waits.
 //! - `device`: one rank's wgpu device, with errors turned into values.
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 // Nothing reachable from a public call may panic or overflow unnoticed:
 // arithmetic on sizes is checked or saturating, and each place left
 // unchecked carries an `allow` saying why its values are in range.
@@ -65,6 +66,9 @@ mod world;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The wgpu this crate is built on, so that users name the same one.
+pub use wgpu;
 
 pub use comm::Communicator;
 pub use cost::{Algorithm, CostModel};

@@ -296,7 +296,7 @@ fn judge<T: Num>(
     let got = out
         .to_vec::<T>()
         .map_err(|e| format!("{what}: reading the output: {e}"))?;
-    let exact = !(op == ReduceOp::Avg && !T::DTYPE.is_integer());
+    let exact = op != ReduceOp::Avg || T::DTYPE.is_integer();
     if got.len() != want.len() {
         return Err(format!(
             "{what}: {} elements, want {}",
