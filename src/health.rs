@@ -120,12 +120,17 @@ impl Health {
         }
     }
 
-    /// Forgets failures, departures and history (a new `World::run`).
-    pub(crate) fn reset(&self) {
-        *lock(&self.failure) = None;
+    /// Forgets departures (a run has ended).
+    pub(crate) fn clear_gone(&self) {
         for g in &self.gone {
             g.store(false, Ordering::Release);
         }
+    }
+
+    /// Forgets failures, departures and history (a new `World::run`).
+    pub(crate) fn reset(&self) {
+        *lock(&self.failure) = None;
+        self.clear_gone();
         self.flight.clear();
         lock(&self.forming).clear();
     }

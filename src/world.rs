@@ -115,6 +115,7 @@ pub struct World {
 struct RunGuard<'a> {
     running: &'a AtomicBool,
     comms: &'a [Communicator],
+    health: &'a Health,
 }
 
 impl Drop for RunGuard<'_> {
@@ -122,6 +123,10 @@ impl Drop for RunGuard<'_> {
         for c in self.comms {
             c.leave_run();
         }
+        // A rank whose closure returned is gone for the run's peers only;
+        // the user's threads may use its communicator next. A failure
+        // stays recorded until the next run.
+        self.health.clear_gone();
         self.running.store(false, Ordering::Release);
     }
 }
@@ -239,11 +244,39 @@ impl World {
     /// so two runs at once would pair each other's collectives. A `run`
     /// called while another is in progress (from another thread) returns
     /// [`Error::InvalidArgument`] at once and touches nothing.
+    ///
+    /// After the run, the communicators serve the user's own threads
+    /// ([`World::communicator`]) as they did before it: a rank that is late
+    /// there is waited for, up to the timeout, as in a run.
     pub fn run<T, F>(&self, f: F) -> Result<Vec<T>>
     where
         T: Send,
         F: Fn(&Communicator) -> T + Sync,
     {
+        let units = std::iter::repeat_with(|| ()).take(self.size()).collect();
+        self.run_with(units, |c, ()| f(c))
+    }
+
+    /// Like [`run`](Self::run), moving `states[r]` into rank r's closure:
+    /// per-rank state that is `Send` but not `Sync` or `Clone` (a model
+    /// replica, a channel end, a data loader). `states` must have one entry
+    /// per rank, else [`Error::InvalidArgument`].
+    pub fn run_with<S, T, F>(&self, states: Vec<S>, f: F) -> Result<Vec<T>>
+    where
+        S: Send,
+        T: Send,
+        F: Fn(&Communicator, S) -> T + Sync,
+    {
+        if states.len() != self.size() {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "run_with got {} states for a world of {} ranks",
+                    states.len(),
+                    self.size()
+                ),
+            });
+        }
         if self
             .running
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -259,6 +292,7 @@ impl World {
         let _guard = RunGuard {
             running: &self.running,
             comms: &self.comms,
+            health: &self.health,
         };
         for c in &self.comms {
             c.enter_run();
@@ -272,12 +306,15 @@ impl World {
             let handles: Vec<_> = self
                 .comms
                 .iter()
-                .map(|c| {
+                .zip(states)
+                .map(|(c, state)| {
                     std::thread::Builder::new()
                         .name(format!("rank-{}", c.rank()))
                         .spawn_scoped(s, move || {
                             c.bind_run_thread();
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)));
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                f(c, state)
+                            }));
                             if let Err(p) = &r {
                                 c.fail_group(Error::RankPanicked {
                                     rank: c.rank(),
