@@ -138,8 +138,8 @@ impl Drop for World {
     /// thread drains its queue (every op fails at once) and is joined.
     /// Communicators made by `split` from this world fail from then on too.
     fn drop(&mut self) {
-        let seq = 0;
-        self.health.fail(0, Error::Aborted { rank: 0, seq });
+        // Every rank reports `Aborted` with its own rank and sequence number.
+        self.health.fail(0, Error::Aborted { rank: 0, seq: 0 });
     }
 }
 
