@@ -103,9 +103,13 @@ impl Lent {
                 },
             },
         )?;
-        self.buf
-            .get_mapped_range(..self.bytes)
-            .map_err(|e| w.device_error(format!("reading a lent buffer: {e}")))
+        // The owner's device may be lost between the map and this read
+        // (it finished its own part and went on): that is the owner's
+        // failure too, not this rank's.
+        self.buf.get_mapped_range(..self.bytes).or_else(|e| {
+            failed(format!("reading it failed: {e}"))?;
+            Err(w.device_error(format!("reading a lent buffer: {e}")))
+        })
     }
 }
 
