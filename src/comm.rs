@@ -455,8 +455,11 @@ impl Communicator {
     ) -> Result<Work> {
         let lens: Vec<usize> = xs.iter().map(Tensor::len).collect();
         let len = self.count_sum("coalesced tensor lengths", &lens)?;
-        // The ring runs over their concatenation: it must fit a buffer.
-        Tensor::buffer_size(&self.inner.dev, dtype, len)?;
+        // all_reduce_coalesced rings over their concatenation, which must
+        // fit one buffer; the gather and scatter run tensor by tensor.
+        if kind == Kind::AllReduceCoalesced {
+            Tensor::buffer_size(&self.inner.dev, dtype, len)?;
+        }
         self.issue(Call {
             kind,
             inputs: xs.to_vec(),
