@@ -157,7 +157,6 @@ impl Communicator {
             stage: Stager::new(dev.clone()),
             timeout,
             inflight: inflight.clone(),
-            gpu_pending: Arc::new(AtomicUsize::new(0)),
         };
         let handle = std::thread::Builder::new()
             .name(format!("progress-{rank}"))
@@ -197,43 +196,28 @@ impl Communicator {
 
     /// This rank's wgpu device.
     ///
-    /// Submit and poll through [`Communicator::submit`],
-    /// [`Communicator::wait_submission`] and [`Communicator::poll_device`],
-    /// not `Queue::submit` and `Device::poll`: the engine's threads poll
-    /// this device too, and wgpu 30.0.2 can panic when two threads poll one
-    /// device at the same moment (a submission polls too), so they take
-    /// turns.
+    /// Submit to its queue and poll it from any thread, as any wgpu code
+    /// does: the engine's own polls are made by one owner thread that never
+    /// waits with a timeout, so they cannot race a user's (wgpu-core
+    /// 30.0.2 can panic in a thread whose *timed* `PollType::Wait` expires
+    /// while another thread polls: avoid timed waits of your own on a
+    /// device you share, or they may panic in your thread).
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.dev.device
     }
 
-    /// Waits at most `limit` for a submission on this rank's queue;
-    /// `Ok(false)` when it is still running. Takes turns with the engine's
-    /// own polls of the device (see [`Communicator::device`]).
-    pub fn wait_submission(
-        &self,
-        index: &wgpu::SubmissionIndex,
-        limit: std::time::Duration,
-    ) -> Result<bool> {
-        self.inner.dev.poll_for(index, limit, None)
-    }
-
-    /// Runs this device's ready callbacks (buffer maps, submitted-work
-    /// notices) without blocking, taking turns with the engine's polls.
-    pub fn poll_device(&self) {
-        self.inner.dev.poll_now();
-    }
-
-    /// Submits `commands` on this rank's queue, taking turns with the
-    /// engine's own polls of the device (see [`Communicator::device`]).
-    pub fn submit(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
-        let dev = &self.inner.dev;
-        dev.with_turn(|| dev.queue.submit([commands]))
-    }
-
-    /// This rank's wgpu queue (see [`Communicator::device`] on submitting).
+    /// This rank's wgpu queue. Collectives follow stream order on it: a
+    /// collective sees everything submitted before the call, and work
+    /// submitted after its `Work` completes sees its result.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.inner.dev.queue
+    }
+
+    /// The adapter this rank runs on, when the engine made its device
+    /// ([`World::new`](crate::World::new)); `None` for a device the user
+    /// handed in ([`World::from_devices`](crate::World::from_devices)).
+    pub fn adapter(&self) -> Option<&wgpu::Adapter> {
+        self.inner.dev.adapter.as_ref()
     }
 
     /// The adapter this rank runs on.

@@ -92,7 +92,7 @@ impl CostModel {
             drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default()));
             let t = Instant::now();
             let idx = dev.submit(enc, None)?;
-            dev.wait(&idx, None, "a fence round trip")?;
+            dev.wait(idx, None, "a fence round trip")?;
             fences.push(t.elapsed());
         }
         let bytes = 1usize << 20;
@@ -107,7 +107,7 @@ impl CostModel {
         for _ in 0..3 {
             let t = Instant::now();
             dev.write_buffer(&buffer, &data)?;
-            dev.read_buffer(&buffer, &mut back)?;
+            dev.read_buffer(&buffer, 0, &mut back)?;
             trips.push(t.elapsed());
         }
         let alpha = median(fences);
@@ -137,7 +137,7 @@ impl CostModel {
             }
             let t = Instant::now();
             let idx = dev.submit(enc, None)?;
-            dev.wait(&idx, None, "timing dispatches")?;
+            dev.wait(idx, None, "timing dispatches")?;
             Ok(t.elapsed())
         };
         time(16)?; // compile and warm

@@ -7,10 +7,10 @@
 //! `TIMESTAMP_QUERY`. Off by default: timestamps cost a read-back.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
-use crate::device::{RankDevice, lock};
+use crate::device::RankDevice;
 use crate::error::{Error, Result};
 
 /// Time a communicator's collectives spent on this rank, by kind of work,
@@ -149,25 +149,7 @@ impl Timestamps {
         let mut enc = dev.encoder();
         enc.resolve_query_set(&self.set, 0..self.used.saturating_mul(2), &self.resolve, 0);
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, bytes);
-        let mapped = Arc::new(Mutex::new(None));
-        let m = mapped.clone();
-        enc.map_buffer_on_submit(&self.read, wgpu::MapMode::Read, ..bytes, move |r| {
-            *lock(&m) = Some(r.is_ok());
-        });
-        let idx = dev.submit(enc, Some(seq))?;
-        dev.wait(&idx, Some(seq), "a timestamp read-back")?;
-        let deadline = crate::deadline::after(dev.timeout);
-        while lock(&mapped).is_none() && Instant::now() < deadline {
-            dev.poll_now();
-            std::thread::yield_now();
-        }
-        if *lock(&mapped) != Some(true) {
-            return Err(Error::device(
-                dev.rank,
-                Some(seq),
-                "mapping the timestamp read-back failed",
-            ));
-        }
+        dev.submit_and_map(enc, &self.read, bytes, Some(seq), "a timestamp read-back")?;
         let total = {
             let view = self
                 .read

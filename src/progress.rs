@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam::channel::{Receiver, RecvTimeoutError};
+use crossbeam::channel::Receiver;
 
 use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
 use crate::cost::{Algorithm, Tuning};
-use crate::device::{RankDevice, lock};
+use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
@@ -92,34 +92,16 @@ pub(crate) struct Progress {
     pub stage: Stager,
     pub timeout: Duration,
     pub inflight: Arc<AtomicUsize>,
-    /// Issued ops whose final submission the device has not reported done.
-    pub gpu_pending: Arc<AtomicUsize>,
     pub counters: Arc<Counters>,
     pub tuning: Tuning,
     /// Made on first use once profiling is on, on adapters with timestamps.
     pub stamps: Option<Timestamps>,
 }
 
-/// How often an idle progress thread polls the device while some `Work`
-/// still waits for its fence (so that futures are woken).
-const IDLE_POLL: Duration = Duration::from_millis(2);
-
 impl Progress {
     pub(crate) fn run(mut self, rx: Receiver<Op>) {
-        loop {
-            let idle = if self.gpu_pending.load(Ordering::Acquire) > 0 {
-                IDLE_POLL
-            } else {
-                Duration::from_millis(200)
-            };
-            let op = match rx.recv_timeout(idle) {
-                Ok(op) => op,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.dev.poll_now();
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
+        // Ends when the communicator is dropped (its sender with it).
+        while let Ok(op) = rx.recv() {
             op.state.start();
             self.health
                 .flight
@@ -150,16 +132,25 @@ impl Progress {
             } = op;
             drop((inputs, outputs, args));
             match result {
-                Ok(idx) => {
+                Ok(last) => {
                     self.health.flight.record(self.rank, fp, State::Completed);
-                    self.gpu_pending.fetch_add(1, Ordering::AcqRel);
-                    let (done, pending) = (state.clone(), self.gpu_pending.clone());
                     state.put_outputs(outs);
-                    state.issued(idx);
-                    self.dev.queue.on_submitted_work_done(move || {
-                        done.gpu_done();
-                        pending.fetch_sub(1, Ordering::AcqRel);
-                    });
+                    state.issued(last);
+                    // Wakes futures and waiters once the device has run it.
+                    let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
+                    self.dev.on_done(
+                        last,
+                        Box::new(move |ok| {
+                            if ok {
+                                done.gpu_done();
+                            } else {
+                                let why = dev.check(Some(fp.seq)).err().unwrap_or_else(|| {
+                                    Error::device(rank, Some(fp.seq), "the device failed")
+                                });
+                                done.fail(why);
+                            }
+                        }),
+                    );
                 }
                 Err(e) => {
                     drop(outs);
@@ -184,7 +175,7 @@ impl Progress {
         clippy::arithmetic_side_effects,
         reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
     )]
-    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<wgpu::SubmissionIndex> {
+    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<Ticket> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {

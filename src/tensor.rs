@@ -272,7 +272,7 @@ impl Tensor {
         if bytes.is_empty() {
             return Ok(out);
         }
-        dev.read_buffer(self.buffer(), bytes)?;
+        dev.read_buffer(self.buffer(), 0, bytes)?;
         Ok(out)
     }
 }

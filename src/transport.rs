@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use crossbeam::queue::ArrayQueue;
 
-use crate::device::RankDevice;
+use crate::device::{RankDevice, Signal, Ticket};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::health::Waiter;
@@ -71,7 +71,7 @@ pub(crate) struct Lent {
     owner: Arc<RankDevice>,
     /// The owner's rank in the communicator.
     owner_rank: usize,
-    filled: wgpu::SubmissionIndex,
+    filled: Ticket,
 }
 
 impl Lent {
@@ -94,13 +94,21 @@ impl Lent {
         };
         w.until(
             || format!("rank {owner}'s device to finish a slice of {}", w.fp),
-            |tick| match self.state.load(Ordering::Acquire) {
-                MAP_READY => Ok(Some(())),
-                MAP_FAILED => failed("mapping it failed".into()),
-                _ => match self.owner.poll_until(&self.filled, tick) {
-                    Err(e) => failed(e.to_string()),
-                    Ok(_) => Ok(None),
-                },
+            |tick| {
+                let seen = self.owner.generation();
+                match self.state.load(Ordering::Acquire) {
+                    MAP_READY => Ok(Some(())),
+                    MAP_FAILED => failed("mapping it failed".into()),
+                    // Filled: the map callback is on its way.
+                    _ if self.owner.is_done(self.filled) => {
+                        self.owner.wait_change(seen, tick);
+                        Ok(None)
+                    }
+                    _ => match self.owner.wait_quietly(self.filled, tick) {
+                        Err(e) => failed(e),
+                        Ok(_) => Ok(None),
+                    },
+                }
             },
         )?;
         // The owner's device may be lost between the map and this read
@@ -239,7 +247,9 @@ const MAP_FAILED: u8 = 2;
 struct Staging {
     buf: wgpu::Buffer,
     state: Arc<AtomicU8>,
-    last_use: Option<wgpu::SubmissionIndex>,
+    last_use: Option<Ticket>,
+    /// Wakes the device's waiters when a map callback fires.
+    signal: Arc<Signal>,
 }
 
 impl Staging {
@@ -254,18 +264,20 @@ impl Staging {
             buf: dev.create_buffer(label, size, usage, mapped)?,
             state: Arc::new(AtomicU8::new(if mapped { MAP_READY } else { MAP_PENDING })),
             last_use: None,
+            signal: dev.map_signal(),
         })
     }
 
     /// Asks for the buffer to be mapped once the submission being encoded completes.
     fn arm(&self, enc: &wgpu::CommandEncoder, mode: wgpu::MapMode) {
         self.state.store(MAP_PENDING, Ordering::Release);
-        let state = self.state.clone();
+        let (state, signal) = (self.state.clone(), self.signal.clone());
         enc.map_buffer_on_submit(&self.buf, mode, .., move |r| {
             state.store(
                 if r.is_ok() { MAP_READY } else { MAP_FAILED },
                 Ordering::Release,
             );
+            signal.notify();
         });
     }
 
@@ -273,17 +285,25 @@ impl Staging {
     fn mapped(&self, w: &Waiter, what: &str) -> Result<()> {
         w.until(
             || format!("the {what} buffer to be mapped for {}", w.fp),
-            |tick| match self.state.load(Ordering::Acquire) {
-                MAP_READY => Ok(Some(())),
-                MAP_FAILED => Err(w.device_error(format!("mapping the {what} buffer failed"))),
-                _ => {
-                    match &self.last_use {
-                        Some(idx) => {
-                            w.dev.poll_for(idx, tick, Some(w.fp.seq))?;
+            |tick| {
+                let seen = w.dev.generation();
+                match self.state.load(Ordering::Acquire) {
+                    MAP_READY => Ok(Some(())),
+                    MAP_FAILED => Err(w.device_error(format!("mapping the {what} buffer failed"))),
+                    _ => {
+                        // Reports the device's faults; else waits for the
+                        // submission, then for its map callback.
+                        match self.last_use {
+                            Some(t) if !w.dev.is_done(t) => {
+                                w.dev.poll_for(t, tick, Some(w.fp.seq))?;
+                            }
+                            _ => {
+                                w.dev.check(Some(w.fp.seq))?;
+                                w.dev.wait_change(seen, tick);
+                            }
                         }
-                        None => std::thread::sleep(tick),
+                        Ok(None)
                     }
-                    Ok(None)
                 }
             },
         )
@@ -497,12 +517,7 @@ impl Stager {
     }
 
     /// After the lending submission `filled`: the handle to post, at once.
-    pub(crate) fn finish_lend(
-        &mut self,
-        bytes: u64,
-        filled: wgpu::SubmissionIndex,
-        w: &Waiter,
-    ) -> Result<Lent> {
+    pub(crate) fn finish_lend(&mut self, bytes: u64, filled: Ticket, w: &Waiter) -> Result<Lent> {
         // The slot `encode_lend` just used.
         let i = self
             .next_lend
@@ -615,18 +630,20 @@ impl Stager {
 
     /// Tells the stager which submission carried the uploads encoded since
     /// the last call, so that their next use waits for it.
-    pub(crate) fn submitted(&mut self, idx: &wgpu::SubmissionIndex) {
+    pub(crate) fn submitted(&mut self, t: Ticket) {
         for i in self.used.drain(..) {
-            self.uploads[i].last_use = Some(idx.clone());
+            if let Some(u) = self.uploads.get_mut(i) {
+                u.last_use = Some(t);
+            }
         }
         if let Some(i) = self.lend_armed.take() {
             if let Some(slot) = self.lends.get_mut(i) {
-                slot.staging.last_use = Some(idx.clone());
+                slot.staging.last_use = Some(t);
             }
         }
         if std::mem::take(&mut self.readback_armed) {
             if let Some(rb) = self.readback.as_mut() {
-                rb.last_use = Some(idx.clone());
+                rb.last_use = Some(t);
             }
         }
     }

@@ -3,9 +3,9 @@
 //! A collective is finished when two things have happened: the progress
 //! thread has run its host-side steps (receives, sends), and the device has
 //! executed the last submission that writes the output. The first is a
-//! state the progress thread publishes; the second is a fence, so waiting
-//! on a `Work` is a condition-variable wait followed by
-//! `device.poll(PollType::Wait { submission_index, timeout })`.
+//! state the progress thread publishes; the second is a fence, which the
+//! device's owner (`device/owner.rs`) reports, so waiting on a `Work` is a
+//! condition-variable wait, then a wait for the owner to report the fence.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::device::{RankDevice, lock};
+use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::health::Health;
@@ -24,7 +24,7 @@ enum Phase {
     Queued,
     Running(Instant),
     /// Host steps done; the device still has to run this submission.
-    Issued(wgpu::SubmissionIndex),
+    Issued(Ticket),
     Done,
     Failed(Error),
 }
@@ -92,7 +92,7 @@ impl WorkState {
         self.set(Phase::Running(Instant::now()));
     }
 
-    pub(crate) fn issued(&self, idx: wgpu::SubmissionIndex) {
+    pub(crate) fn issued(&self, idx: Ticket) {
         self.set(Phase::Issued(idx));
     }
 
@@ -200,7 +200,7 @@ impl Work {
     pub fn is_completed(&self) -> bool {
         match self.state.phase() {
             Phase::Done | Phase::Failed(_) => true,
-            Phase::Issued(idx) => self.gpu_finished(&idx),
+            Phase::Issued(t) => self.gpu_finished(t),
             Phase::Queued | Phase::Running(_) => false,
         }
     }
@@ -216,11 +216,8 @@ impl Work {
         Ok(outs.swap_remove(0))
     }
 
-    fn gpu_finished(&self, idx: &wgpu::SubmissionIndex) -> bool {
-        if matches!(
-            self.dev.poll_for(idx, Duration::ZERO, Some(self.fp.seq)),
-            Ok(true)
-        ) {
+    fn gpu_finished(&self, t: Ticket) -> bool {
+        if self.dev.is_done(t) {
             self.state.gpu_done();
             true
         } else {
@@ -246,11 +243,11 @@ impl Work {
             let limit = match (&*phase, deadline) {
                 (Phase::Done, _) => return Ok(()),
                 (Phase::Failed(e), _) => return Err(e.clone()),
-                (Phase::Issued(idx), _) => {
-                    let idx = idx.clone();
+                (Phase::Issued(t), _) => {
+                    let t = *t;
                     drop(phase);
                     let limit = deadline.map_or(self.timeout, |d| d.saturating_duration_since(now));
-                    if self.dev.poll_for(&idx, limit, Some(self.fp.seq))? {
+                    if self.dev.poll_for(t, limit, Some(self.fp.seq))? {
                         self.state.gpu_done();
                         return Ok(());
                     }
@@ -298,7 +295,7 @@ impl Future for Work {
         let ready = match this.state.phase() {
             Phase::Done => true,
             Phase::Failed(e) => return Poll::Ready(Err(e)),
-            Phase::Issued(idx) => this.gpu_finished(&idx),
+            Phase::Issued(t) => this.gpu_finished(t),
             Phase::Queued | Phase::Running(_) => false,
         };
         if !ready {

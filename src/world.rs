@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::comm::{Communicator, panic_message};
 use crate::cost::{Algorithm, CostModel, Tuning};
-use crate::device::RankDevice;
+use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::transport::mesh;
@@ -27,6 +27,8 @@ pub struct WorldConfig {
     adapter_name: Option<String>,
     timeout: Duration,
     algorithm: Option<Algorithm>,
+    required_features: wgpu::Features,
+    required_limits: Option<wgpu::Limits>,
 }
 
 impl WorldConfig {
@@ -40,7 +42,26 @@ impl WorldConfig {
             adapter_name: None,
             timeout: Duration::from_secs(60),
             algorithm: None,
+            required_features: wgpu::Features::empty(),
+            required_limits: None,
         }
+    }
+
+    /// Features the devices [`World::new`] makes must have (on top of
+    /// those the engine turns on where the adapter has them, for example
+    /// for a framework that will share the devices). An adapter without
+    /// them makes `World::new` fail, naming what is missing.
+    pub fn with_required_features(mut self, features: wgpu::Features) -> Self {
+        self.required_features = features;
+        self
+    }
+
+    /// Limits the devices [`World::new`] makes must meet. They get every
+    /// limit their adapter has; an adapter below these makes `World::new`
+    /// fail, naming each limit.
+    pub fn with_required_limits(mut self, limits: wgpu::Limits) -> Self {
+        self.required_limits = Some(limits);
+        self
     }
 
     /// Which wgpu backends to look for adapters on.
@@ -102,6 +123,8 @@ impl WorldConfig {
 
 /// A group of simulated ranks.
 pub struct World {
+    /// The instance the adapters came from, when `World::new` made them.
+    instance: Option<wgpu::Instance>,
     comms: Vec<Communicator>,
     adapters: Vec<wgpu::AdapterInfo>,
     health: Arc<Health>,
@@ -153,21 +176,13 @@ impl World {
     /// Finds adapters and creates one device per rank, spread round-robin
     /// over the matching adapters (GPUs preferred over CPU adapters).
     pub fn new(config: WorldConfig) -> Result<World> {
-        let n = config.ranks;
-        if n == 0 || n > MAX_RANKS {
-            return Err(Error::InvalidArgument {
-                rank: None,
-                what: format!("a world needs 1 to {MAX_RANKS} ranks, got {n}"),
-            });
-        }
-        if config.timeout.is_zero() {
-            return Err(Error::InvalidArgument {
-                rank: None,
-                what: "the timeout must be longer than zero".into(),
-            });
-        }
-        let adapters = find_adapters(&config)?;
-        let devices = (0..n)
+        check(&config)?;
+        let (instance, adapters) = find_adapters(&config)?;
+        let wants = Wants {
+            features: config.required_features,
+            limits: config.required_limits.clone(),
+        };
+        let devices = (0..config.ranks)
             .map(|rank| {
                 let adapter = rank
                     .checked_rem(adapters.len())
@@ -176,13 +191,60 @@ impl World {
                         backends: format!("{:?}", config.backends()),
                         name: String::new(),
                     })?;
-                RankDevice::new(rank, adapter, config.timeout)
+                RankDevice::new(rank, adapter, config.timeout, &wants)
             })
             .collect::<Result<Vec<_>>>()?;
+        Self::assemble(Some(instance), devices, &config)
+    }
+
+    /// A world on devices the caller made (a framework such as burn or
+    /// cubecl-wgpu that already holds them): rank r runs on `devices[r]`.
+    /// A count other than `config`'s rank count is
+    /// [`Error::InvalidArgument`]; `config`'s backend, adapter and required
+    /// features and limits are not used.
+    ///
+    /// The engine takes the devices as they are: where one lacks a feature
+    /// it likes (`MAPPABLE_PRIMARY_BUFFERS`, `TIMESTAMP_QUERY`) or has
+    /// default limits, it falls back. It installs no global callbacks on
+    /// them (`on_uncaptured_error`, device-lost: those belong to whoever
+    /// made the devices) and catches its own errors in error scopes.
+    pub fn from_devices(
+        devices: Vec<(wgpu::Device, wgpu::Queue)>,
+        config: WorldConfig,
+    ) -> Result<World> {
+        check(&config)?;
+        if devices.len() != config.ranks {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "from_devices got {} devices for a world of {} ranks",
+                    devices.len(),
+                    config.ranks
+                ),
+            });
+        }
+        let devices = devices
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (device, queue))| RankDevice::adopt(rank, device, queue, config.timeout))
+            .collect::<Result<Vec<_>>>()?;
+        Self::assemble(None, devices, &config)
+    }
+
+    fn assemble(
+        instance: Option<wgpu::Instance>,
+        devices: Vec<Arc<RankDevice>>,
+        config: &WorldConfig,
+    ) -> Result<World> {
+        let n = devices.len();
+        let first = devices.first().ok_or_else(|| Error::InvalidArgument {
+            rank: None,
+            what: "a world needs at least one rank".into(),
+        })?;
         // One hop's cost, measured where rank 0 runs: it picks algorithms.
         let tuning = Tuning {
             algorithm: config.algorithm()?,
-            cost: CostModel::measure(&devices[0])?,
+            cost: CostModel::measure(first)?,
         };
         let health = Health::new(n);
         let infos = devices.iter().map(|d| d.info.clone()).collect();
@@ -203,12 +265,21 @@ impl World {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(World {
+            instance,
             comms,
             adapters: infos,
             health,
             tuning,
             running: AtomicBool::new(false),
         })
+    }
+
+    /// The wgpu instance the adapters came from, when [`World::new`] made
+    /// the devices (`None` after [`World::from_devices`]): with
+    /// [`Communicator::adapter`], `device()` and `queue()`, what a
+    /// framework such as cubecl-wgpu needs to run on the same devices.
+    pub fn instance(&self) -> Option<&wgpu::Instance> {
+        self.instance.as_ref()
     }
 
     /// Number of ranks.
@@ -355,7 +426,25 @@ impl World {
     }
 }
 
-fn find_adapters(config: &WorldConfig) -> Result<Vec<wgpu::Adapter>> {
+/// What every world needs of its config: a rank count in range and a timeout.
+fn check(config: &WorldConfig) -> Result<()> {
+    let n = config.ranks;
+    if n == 0 || n > MAX_RANKS {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: format!("a world needs 1 to {MAX_RANKS} ranks, got {n}"),
+        });
+    }
+    if config.timeout.is_zero() {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: "the timeout must be longer than zero".into(),
+        });
+    }
+    Ok(())
+}
+
+fn find_adapters(config: &WorldConfig) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>)> {
     let backends = config.backends();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
     desc.backends = backends;
@@ -378,5 +467,5 @@ fn find_adapters(config: &WorldConfig) -> Result<Vec<wgpu::Adapter>> {
                 .unwrap_or_default(),
         });
     }
-    Ok(all)
+    Ok((instance, all))
 }

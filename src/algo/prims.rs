@@ -19,6 +19,7 @@
 
 use std::time::Instant;
 
+use crate::device::Ticket;
 use crate::error::Result;
 use crate::health::Waiter;
 use crate::kernels::Reducer;
@@ -58,7 +59,7 @@ pub(crate) struct Prims<'a> {
     pub finish: Option<Reducer>,
     pub nranks: usize,
     /// The last submission that wrote an output.
-    pub last: Option<wgpu::SubmissionIndex>,
+    pub last: Option<Ticket>,
     /// Where the time goes, when profiling is on.
     pub prof: Option<&'a Counters>,
     /// GPU timestamps around reductions, when profiling on an adapter that has them.
@@ -108,10 +109,10 @@ impl<'a> Prims<'a> {
         self.stage.reserve((words.max(1) * 4) as u64)
     }
 
-    fn submit(&mut self, enc: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
-        let idx = self.w.dev.submit(enc, Some(self.w.fp.seq))?;
-        self.stage.submitted(&idx);
-        Ok(idx)
+    fn submit(&mut self, enc: wgpu::CommandEncoder) -> Result<Ticket> {
+        let t = self.w.dev.submit(enc, Some(self.w.fp.seq))?;
+        self.stage.submitted(t);
+        Ok(t)
     }
 
     fn packet(&self, data: Vec<u8>) -> Packet {
@@ -138,7 +139,7 @@ impl<'a> Prims<'a> {
         self.stage
             .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w)?;
         let idx = self.submit(enc)?;
-        let lent: Lent = self.stage.finish_lend(bytes, idx.clone(), &self.w)?;
+        let lent: Lent = self.stage.finish_lend(bytes, idx, &self.w)?;
         self.last = Some(idx);
         self.took_move(t);
         let mut p = self.packet(Vec::new());

@@ -30,12 +30,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Waits for `idx` as any wgpu user does. Without a timeout: wgpu-core
+/// 30.0.2 can panic in a thread whose timed wait expires while another
+/// thread (here, the engine's device owner) polls the same device.
 fn wait(c: &Communicator, idx: wgpu::SubmissionIndex) -> Result<(), String> {
-    match c.wait_submission(&idx, Duration::from_secs(60)) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the device did not finish in 60 s".into()),
-        Err(e) => Err(format!("waiting for the device: {e}")),
-    }
+    c.device()
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(idx),
+            timeout: None,
+        })
+        .map(|_| ())
+        .map_err(|e| format!("waiting for the device: {e}"))
 }
 
 /// Maps `buf` once the submission in `enc` completes; the returned flag
@@ -57,7 +62,7 @@ fn until_mapped(c: &Communicator, flag: &AtomicBool) -> Result<(), String> {
         if Instant::now() > give_up {
             return Err("a map never completed".into());
         }
-        c.poll_device();
+        let _ = c.device().poll(wgpu::PollType::Poll);
         std::thread::yield_now();
     }
     Ok(())
@@ -89,7 +94,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
         let t = Instant::now();
-        wait(c, c.submit(enc.finish()))?;
+        wait(c, c.queue().submit([enc.finish()]))?;
         if i > 0 {
             copy.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
         }
@@ -122,7 +127,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         enc.copy_buffer_to_buffer(&a, 0, &down, 0, bytes);
         let got = map_on_submit(&enc, &down, wgpu::MapMode::Read);
         up_ready = Some(map_on_submit(&enc, &up, wgpu::MapMode::Write));
-        wait(c, c.submit(enc.finish()))?;
+        wait(c, c.queue().submit([enc.finish()]))?;
         until_mapped(c, &got)?;
         dst.copy_from_slice(&down.get_mapped_range(..).map_err(|e| e.to_string())?);
         down.unmap();
@@ -136,7 +141,7 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
         let mut enc = dev.create_command_encoder(&Default::default());
         drop(enc.begin_compute_pass(&Default::default()));
         let t = Instant::now();
-        wait(c, c.submit(enc.finish()))?;
+        wait(c, c.queue().submit([enc.finish()]))?;
         if i > 0 {
             fence.push(t.elapsed().as_secs_f64() * 1e6);
         }

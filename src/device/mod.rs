@@ -3,10 +3,17 @@
 //! wgpu's default reaction to a validation error is to panic, and its default
 //! reaction to running out of memory is a validation error on a buffer that
 //! then poisons every later use. A collective library cannot do either to
-//! its users, so every resource is created inside an error scope, errors
-//! that escape scopes (they happen at submit time) are caught by an
-//! uncaptured-error handler and a device-lost callback, and both are turned
-//! into [`Error::Device`] at the next point where the rank checks.
+//! its users, so every resource is created inside an error scope. On a
+//! device the engine made, errors that escape scopes (they happen at submit
+//! time) are caught by an uncaptured-error handler and a device-lost
+//! callback; on a device a user handed in, those global callbacks belong to
+//! whoever made it (cubecl installs its own), so submissions go inside error
+//! scopes too. Either way they become [`Error::Device`] at the next point
+//! where the rank checks.
+//!
+//! Submitting and polling belong to the device's owner (`owner.rs`).
+
+mod owner;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,10 +23,14 @@ use crate::compute::Compute;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 
-/// The longest a blocking device wait holds the device's turn (see
-/// `RankDevice::polling`): long next to a fence round trip (tens of
-/// microseconds), short next to the reduction of a slice.
-const POLL_SLICE: Duration = Duration::from_millis(1);
+use owner::Owner;
+pub(crate) use owner::{OnDone, Signal, Ticket};
+
+/// What the engine asks of a device it makes, beyond what the user requires.
+pub(crate) struct Wants {
+    pub features: wgpu::Features,
+    pub limits: Option<wgpu::Limits>,
+}
 
 /// A rank's device and queue, plus what we learned about its adapter.
 pub(crate) struct RankDevice {
@@ -27,6 +38,8 @@ pub(crate) struct RankDevice {
     pub rank: usize,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
+    /// The adapter, when the engine made the device.
+    pub adapter: Option<wgpu::Adapter>,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     /// How long any single wait on this device may take.
@@ -39,57 +52,71 @@ pub(crate) struct RankDevice {
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
+    /// Whether the engine made the device (and installed its callbacks).
+    owned: bool,
     /// Freed tensor buffers, reused for outputs.
     pool: Mutex<BufferPool>,
-    /// First error reported outside an error scope, and whether it is
-    /// permanent (device lost) or reported once (a validation error at submit).
-    fault: Arc<Mutex<Option<(String, bool)>>>,
     /// Resources created so far (buffers, bind groups, pipelines): the
     /// steady-state allocation counter tests read.
     created: AtomicU64,
-    /// Held for every `Device::poll` and `Queue::submit` (which polls
-    /// internally). wgpu-core 30.0.2 races when two threads poll one device
-    /// at once: a timed wait that read the fence before another poll
-    /// drained the queue sees an empty queue and a fence below its target,
-    /// and panics on an internal assert (fixed upstream in gfx-rs/wgpu#9958,
-    /// not released in 30.x). A rank's device is polled by its thread
-    /// (`Work::wait`) and by the progress thread of every communicator it
-    /// belongs to, so they take turns; blocking waits hold it for at most
-    /// [`POLL_SLICE`] at a time, so a submission never waits longer.
-    polling: Mutex<()>,
+    /// Submits, and learns when submissions complete.
+    owner: Owner,
 }
 
 impl RankDevice {
+    /// Makes rank `rank`'s device on `adapter`: every limit the adapter has,
+    /// the features the engine likes where the adapter has them, and what
+    /// the user requires (an adapter without it is an error that says so).
     pub(crate) fn new(
         rank: usize,
         adapter: &wgpu::Adapter,
         timeout: Duration,
+        wants: &Wants,
     ) -> Result<Arc<RankDevice>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let missing = wants.features - adapter.features();
+        if !missing.is_empty() {
+            return Err(Error::device(
+                rank,
+                None,
+                format!(
+                    "the required features {missing:?} are missing on {} (it has {:?})",
+                    info.name,
+                    adapter.features()
+                ),
+            ));
+        }
+        if let Some(required) = &wants.limits {
+            let mut over = Vec::new();
+            required.check_limits_with_fail_fn(&limits, false, |name, want, have| {
+                over.push(format!("{name}: required {want}, the adapter has {have}"));
+            });
+            if !over.is_empty() {
+                return Err(Error::device(
+                    rank,
+                    None,
+                    format!(
+                        "the required limits exceed {}'s: {}",
+                        info.name,
+                        over.join("; ")
+                    ),
+                ));
+            }
+        }
         // Where device memory is host memory, kernels can read the buffers
         // that received bytes are written into, saving a copy per hop. On
         // discrete GPUs such buffers would live in slow host memory.
-        let unified = matches!(
-            info.device_type,
-            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
-        ) && adapter
-            .features()
-            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-        let mut required_features = if unified {
-            wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
-        } else {
-            wgpu::Features::empty()
-        };
-        // For the profile's kernel times; never required.
-        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-        if timestamps {
-            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        let mut required_features = wants.features;
+        if host_memory(&info) {
+            required_features |= adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
+        // For the profile's kernel times; never required.
+        required_features |= adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some(&format!("rank {rank}")),
             required_features,
-            required_limits: limits.clone(),
+            required_limits: limits,
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
@@ -101,45 +128,70 @@ impl RankDevice {
                 format!("requesting a device on {}: {e}", info.name),
             )
         })?;
+        Self::build(rank, device, queue, Some(adapter.clone()), true, timeout)
+    }
 
-        let fault = Arc::new(Mutex::new(None));
-        let sink = fault.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            record(&sink, format!("uncaptured: {e}"), false);
-        }));
-        let sink = fault.clone();
-        device.set_device_lost_callback(move |reason, msg| {
-            record(&sink, format!("device lost ({reason:?}): {msg}"), true);
-        });
+    /// Adopts a device the user made: whatever features and limits it has
+    /// (the engine falls back where one it likes is missing), and no global
+    /// callbacks, which belong to whoever made it.
+    pub(crate) fn adopt(
+        rank: usize,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        timeout: Duration,
+    ) -> Result<Arc<RankDevice>> {
+        Self::build(rank, device, queue, None, false, timeout)
+    }
+
+    fn build(
+        rank: usize,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter: Option<wgpu::Adapter>,
+        owned: bool,
+        timeout: Duration,
+    ) -> Result<Arc<RankDevice>> {
+        let info = device.adapter_info();
+        let features = device.features();
+        let unified =
+            host_memory(&info) && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let owner = Owner::start(&device, &queue, format!("device-{rank}"))
+            .map_err(|e| Error::device(rank, None, format!("starting the device owner: {e}")))?;
+        if owned {
+            let sink = owner.signal();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                sink.fault(format!("uncaptured: {e}"), false);
+            }));
+            let sink = owner.signal();
+            device.set_device_lost_callback(move |reason, msg| {
+                sink.fault(format!("device lost ({reason:?}): {msg}"), true);
+            });
+        }
         Ok(Arc::new(RankDevice {
             rank,
+            limits: device.limits(),
             device,
             queue,
+            adapter,
             info,
-            limits,
             timeout,
             kernels: Kernels::default(),
             compute: Compute::default(),
             unified,
             timestamps,
+            owned,
             pool: Mutex::new(BufferPool::default()),
-            fault,
             created: AtomicU64::new(0),
-            polling: Mutex::new(()),
+            owner,
         }))
     }
 
     /// Fails if the device reported an error outside any scope, or was lost.
     pub(crate) fn check(&self, seq: Option<u64>) -> Result<()> {
-        let mut fault = lock(&self.fault);
-        match fault.as_ref() {
+        match self.owner.take_fault() {
             None => Ok(()),
-            Some((msg, true)) => Err(Error::device(self.rank, seq, msg.clone())),
-            Some((msg, false)) => {
-                let e = Error::device(self.rank, seq, msg.clone());
-                *fault = None;
-                Err(e)
-            }
+            Some(msg) => Err(Error::device(self.rank, seq, msg)),
         }
     }
 
@@ -259,10 +311,11 @@ impl RankDevice {
         self.submit(enc, None).map(|_| ())
     }
 
-    /// Waits for everything submitted so far (bounded by the timeout).
+    /// Waits for everything submitted through the engine so far (bounded
+    /// by the timeout).
     pub(crate) fn finish_all(&self) -> Result<()> {
-        let idx = self.submit(self.encoder(), None)?;
-        self.wait(&idx, None, "the submitted work")
+        let t = self.submit(self.encoder(), None)?;
+        self.wait(t, None, "the submitted work")
     }
 
     /// A new f32-or-any tensor of `len` elements holding `parts` one after
@@ -348,82 +401,75 @@ impl RankDevice {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
     }
 
-    pub(crate) fn submit(
-        &self,
-        encoder: wgpu::CommandEncoder,
-        seq: Option<u64>,
-    ) -> Result<wgpu::SubmissionIndex> {
+    /// Submits what `encoder` recorded. On a device the user handed in,
+    /// inside error scopes: its global error handler is not ours.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder, seq: Option<u64>) -> Result<Ticket> {
         let commands = encoder.finish();
-        let index = self.with_turn(|| self.queue.submit([commands]));
-        self.check(seq)?;
-        Ok(index)
+        if self.owned {
+            let t = self.owner.submit(commands);
+            self.check(seq)?;
+            return Ok(t);
+        }
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let t = self.owner.submit(commands);
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        match v.or(o) {
+            Some(e) => Err(Error::device(self.rank, seq, format!("submitting: {e}"))),
+            None => Ok(t),
+        }
     }
 
-    /// Waits for `index` at most `limit`; `Ok(false)` when it is still running.
-    pub(crate) fn poll_for(
-        &self,
-        index: &wgpu::SubmissionIndex,
-        limit: Duration,
-        seq: Option<u64>,
-    ) -> Result<bool> {
-        let r = self.poll_until(index, limit);
+    /// Waits for `t` at most `limit`; `Ok(false)` when it is still running.
+    pub(crate) fn poll_for(&self, t: Ticket, limit: Duration, seq: Option<u64>) -> Result<bool> {
+        let r = self.owner.wait(t, limit);
         self.check(seq)?;
         r.map_err(|e| Error::device(self.rank, seq, format!("waiting for a submission: {e}")))
     }
 
-    /// Waits for `index` at most `limit`, holding the device's turn for at
-    /// most [`POLL_SLICE`] at a time: `Ok(false)` when it is still running.
-    /// Also for another rank, one that borrowed a buffer this device fills:
-    /// it does not take this device's faults, which are its own rank's to
-    /// report.
-    pub(crate) fn poll_until(
+    /// Whether `t` has completed (never blocks).
+    pub(crate) fn is_done(&self, t: Ticket) -> bool {
+        self.owner.is_done(t)
+    }
+
+    /// Waits for `t` without taking this device's faults, which are its
+    /// own rank's to report: for another rank, one that borrowed a buffer
+    /// this device fills. `Ok(false)` when it is still running after `limit`.
+    pub(crate) fn wait_quietly(
         &self,
-        index: &wgpu::SubmissionIndex,
+        t: Ticket,
         limit: Duration,
-    ) -> std::result::Result<bool, wgpu::PollError> {
-        let deadline = crate::deadline::after(limit);
-        loop {
-            let slice = deadline
-                .saturating_duration_since(Instant::now())
-                .min(POLL_SLICE);
-            let r = self.with_turn(|| {
-                self.device.poll(wgpu::PollType::Wait {
-                    submission_index: Some(index.clone()),
-                    timeout: Some(slice),
-                })
-            });
-            match r {
-                Ok(_) => return Ok(true),
-                Err(wgpu::PollError::Timeout) if Instant::now() < deadline => {
-                    // Let a submission or another waiter take its turn.
-                    std::thread::yield_now();
-                }
-                Err(wgpu::PollError::Timeout) => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
+    ) -> std::result::Result<bool, String> {
+        self.owner.wait(t, limit)
     }
 
-    /// Runs `f` holding the device's turn (see `polling`).
-    pub(crate) fn with_turn<T>(&self, f: impl FnOnce() -> T) -> T {
-        let _turn = lock(&self.polling);
-        f()
+    /// Runs `f` once `t` completes (`true`) or the device fails (`false`).
+    pub(crate) fn on_done(&self, t: Ticket, f: OnDone) {
+        self.owner.on_done(t, f);
     }
 
-    /// Drives callbacks without blocking.
-    pub(crate) fn poll_now(&self) {
-        let _ = self.with_turn(|| self.device.poll(wgpu::PollType::Poll));
+    /// The generation of this device's events, for [`RankDevice::wait_change`].
+    pub(crate) fn generation(&self) -> u64 {
+        self.owner.generation()
     }
 
-    /// Waits for `index` at most the device timeout.
-    pub(crate) fn wait(
-        &self,
-        index: &wgpu::SubmissionIndex,
-        seq: Option<u64>,
-        what: &str,
-    ) -> Result<()> {
+    /// Waits at most `limit` for an event after generation `seen`: a
+    /// completion, a map callback (see [`RankDevice::map_signal`]), a fault.
+    pub(crate) fn wait_change(&self, seen: u64, limit: Duration) {
+        self.owner.wait_change(seen, limit);
+    }
+
+    /// For map callbacks: call `notify` on it when the map is done, so that
+    /// waiters wake.
+    pub(crate) fn map_signal(&self) -> Arc<Signal> {
+        self.owner.signal()
+    }
+
+    /// Waits for `t` at most the device timeout.
+    pub(crate) fn wait(&self, t: Ticket, seq: Option<u64>, what: &str) -> Result<()> {
         let start = Instant::now();
-        if self.poll_for(index, self.timeout, seq)? {
+        if self.poll_for(t, self.timeout, seq)? {
             return Ok(());
         }
         Err(Error::Timeout {
@@ -435,9 +481,61 @@ impl RankDevice {
         })
     }
 
-    /// Copies the first `out.len()` bytes of `buffer` to the host. Not a hot
-    /// path: it makes a staging buffer per call.
-    pub(crate) fn read_buffer(&self, buffer: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+    /// Submits `enc`, which maps `buffer` for reading when it completes,
+    /// and waits (at most the timeout) until the map has happened.
+    pub(crate) fn submit_and_map(
+        &self,
+        enc: wgpu::CommandEncoder,
+        buffer: &wgpu::Buffer,
+        bytes: u64,
+        seq: Option<u64>,
+        what: &str,
+    ) -> Result<()> {
+        let mapped = Arc::new(Mutex::new(None));
+        let (m, signal) = (mapped.clone(), self.map_signal());
+        enc.map_buffer_on_submit(buffer, wgpu::MapMode::Read, ..bytes, move |r| {
+            *lock(&m) = Some(r.is_ok());
+            signal.notify();
+        });
+        let t = self.submit(enc, seq)?;
+        self.wait(t, seq, what)?;
+        // The map callback runs in whichever thread's poll saw the
+        // submission complete, maybe a moment after the owner published it.
+        let deadline = crate::deadline::after(self.timeout);
+        loop {
+            let seen = self.generation();
+            match *lock(&mapped) {
+                Some(true) => return Ok(()),
+                Some(false) => {
+                    return Err(Error::device(
+                        self.rank,
+                        seq,
+                        format!("mapping {what} failed"),
+                    ));
+                }
+                None => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::device(
+                    self.rank,
+                    seq,
+                    format!("the map callback of {what} never ran"),
+                ));
+            }
+            self.wait_change(seen, deadline.saturating_duration_since(now));
+        }
+    }
+
+    /// Copies `out.len()` bytes of `buffer` from byte `offset` (a multiple
+    /// of 4, with the rounded-up length inside the buffer) to the host. Not
+    /// a hot path: it makes a staging buffer per call.
+    pub(crate) fn read_buffer(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
         let size = (out.len() as u64).next_multiple_of(4);
         let staging = self.create_buffer(
             "readback",
@@ -446,38 +544,8 @@ impl RankDevice {
             false,
         )?;
         let mut enc = self.encoder();
-        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        let mapped = Arc::new(Mutex::new(None));
-        let m = mapped.clone();
-        enc.map_buffer_on_submit(&staging, wgpu::MapMode::Read, .., move |r| {
-            *lock(&m) = Some(r);
-        });
-        let idx = self.submit(enc, None)?;
-        self.wait(&idx, None, "a tensor read-back")?;
-        // Another thread polling this device may have collected our map
-        // callback and not run it yet: give it until the timeout.
-        let deadline = crate::deadline::after(self.timeout);
-        while lock(&mapped).is_none() && Instant::now() < deadline {
-            self.poll_now();
-            std::thread::yield_now();
-        }
-        match lock(&mapped).take() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => {
-                return Err(Error::device(
-                    self.rank,
-                    None,
-                    format!("mapping read-back: {e}"),
-                ));
-            }
-            None => {
-                return Err(Error::device(
-                    self.rank,
-                    None,
-                    "read-back map callback never ran",
-                ));
-            }
-        }
+        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+        self.submit_and_map(enc, &staging, size, None, "a tensor read-back")?;
         {
             let view = staging
                 .get_mapped_range(..)
@@ -489,11 +557,12 @@ impl RankDevice {
     }
 }
 
-fn record(sink: &Mutex<Option<(String, bool)>>, msg: String, permanent: bool) {
-    let mut s = lock(sink);
-    if s.as_ref().is_none_or(|(_, p)| !p) {
-        *s = Some((msg, permanent));
-    }
+/// Whether an adapter's device memory is host memory.
+fn host_memory(info: &wgpu::AdapterInfo) -> bool {
+    matches!(
+        info.device_type,
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+    )
 }
 
 /// Locks a mutex, ignoring poisoning: our critical sections leave the data

@@ -1,0 +1,289 @@
+//! The one place that submits to a device and polls it.
+//!
+//! wgpu-core 30.0.2 panics when a `PollType::Wait` with a timeout expires
+//! while another thread's poll retires the queue (`../WGPU-NOTES.md`): a
+//! device that anyone else also polls (a user's thread, burn, a second
+//! rank on the same device) must never be waited on with a timeout. So a
+//! device has one owner thread, the only engine code that polls it, and
+//! it only ever waits without a timeout on a submission it knows was made
+//! (such a wait reads a fence at or past its target, so it cannot trip the
+//! assert). Each submission made through [`Owner::submit`] gets a
+//! [`Ticket`], in queue order; the owner thread waits for the oldest
+//! pending one, publishes "done through t", and runs the callbacks waiting
+//! for it.
+//!
+//! Everyone else waits on what the owner publishes, with a deadline: a
+//! condition variable, woken when a submission completes, when a map
+//! callback fires (whichever thread's poll ran it), or when the device
+//! fails. A device that hangs leaves its owner thread blocked in the
+//! driver, never a caller: their waits time out.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::device::lock;
+
+/// A submission made through the owner: tickets count submissions in
+/// queue order, from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ticket(u64);
+
+/// What a completion callback learns: whether the work finished, or the
+/// device failed first.
+pub(crate) type OnDone = Box<dyn FnOnce(bool) + Send>;
+
+/// The state the owner thread publishes.
+#[derive(Default)]
+struct State {
+    /// Tickets handed out so far.
+    issued: u64,
+    /// Every ticket up to this one has completed.
+    done: u64,
+    /// Submissions the owner thread has not seen complete, oldest first.
+    pending: VecDeque<(u64, wgpu::SubmissionIndex)>,
+    /// Callbacks waiting for a ticket.
+    callbacks: Vec<(u64, OnDone)>,
+    /// Bumped by every event a waiter may be waiting for.
+    generation: u64,
+    /// The first error reported outside an error scope, and whether it is
+    /// permanent (device lost, a failed poll) or reported once (a
+    /// validation error at submit).
+    fault: Option<(String, bool)>,
+    stop: bool,
+}
+
+/// Shared between the owner thread, the device's users and wgpu callbacks.
+pub(crate) struct Signal {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Signal {
+    /// Wakes every waiter: something they may wait for has happened (a
+    /// map callback fired).
+    pub(crate) fn notify(&self) {
+        let mut s = lock(&self.state);
+        s.generation = s.generation.wrapping_add(1);
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// Records a fault reported outside any error scope (first permanent one wins).
+    pub(crate) fn fault(&self, msg: String, permanent: bool) {
+        let mut s = lock(&self.state);
+        if s.fault.as_ref().is_none_or(|(_, p)| !p) {
+            s.fault = Some((msg, permanent));
+        }
+        s.generation = s.generation.wrapping_add(1);
+        drop(s);
+        self.changed.notify_all();
+    }
+}
+
+/// One device's owner: submits, and learns completions from its thread.
+pub(crate) struct Owner {
+    signal: Arc<Signal>,
+    queue: wgpu::Queue,
+    /// Held across `Queue::submit` and the ticket it gets, so that tickets
+    /// follow queue order. Not the state lock: wgpu may run callbacks
+    /// (which take the state lock) inside `submit`.
+    submitting: Mutex<()>,
+}
+
+impl Owner {
+    /// Starts the owner thread of `device`.
+    pub(crate) fn start(
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        name: String,
+    ) -> std::io::Result<Owner> {
+        let signal = Arc::new(Signal {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let (s, d) = (signal.clone(), device.clone());
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run(&d, &s))?;
+        Ok(Owner {
+            signal,
+            queue: queue.clone(),
+            submitting: Mutex::new(()),
+        })
+    }
+
+    /// For wgpu callbacks: wakes waiters when they fire.
+    pub(crate) fn signal(&self) -> Arc<Signal> {
+        self.signal.clone()
+    }
+
+    /// Submits `commands` on the queue; the ticket says when they are done.
+    pub(crate) fn submit(&self, commands: wgpu::CommandBuffer) -> Ticket {
+        let _order = lock(&self.submitting);
+        let index = self.queue.submit([commands]);
+        let mut s = lock(&self.signal.state);
+        s.issued = s.issued.saturating_add(1);
+        let t = s.issued;
+        s.pending.push_back((t, index));
+        drop(s);
+        self.signal.changed.notify_all();
+        Ticket(t)
+    }
+
+    /// Whether `t` has completed (never blocks).
+    pub(crate) fn is_done(&self, t: Ticket) -> bool {
+        lock(&self.signal.state).done >= t.0
+    }
+
+    /// Runs `f(true)` once `t` has completed, or `f(false)` if the device
+    /// fails first; at once when either has already happened. It runs on
+    /// the owner thread (or the caller's): it must not block.
+    pub(crate) fn on_done(&self, t: Ticket, f: OnDone) {
+        let mut s = lock(&self.signal.state);
+        let now = if s.done >= t.0 {
+            Some(true)
+        } else if s.fault.as_ref().is_some_and(|(_, p)| *p) {
+            Some(false)
+        } else {
+            s.callbacks.push((t.0, f));
+            return;
+        };
+        drop(s);
+        if let Some(ok) = now {
+            f(ok);
+        }
+    }
+
+    /// Waits until `t` has completed (`Ok(true)`), `limit` has passed
+    /// (`Ok(false)`) or the device has failed for good (`Err` with why).
+    pub(crate) fn wait(&self, t: Ticket, limit: Duration) -> std::result::Result<bool, String> {
+        let deadline = crate::deadline::after(limit);
+        let mut s = lock(&self.signal.state);
+        loop {
+            if s.done >= t.0 {
+                return Ok(true);
+            }
+            if let Some((msg, true)) = &s.fault {
+                return Err(msg.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            s = self
+                .signal
+                .changed
+                .wait_timeout(s, deadline.saturating_duration_since(now))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// The current generation, to pass to [`Owner::wait_change`].
+    pub(crate) fn generation(&self) -> u64 {
+        lock(&self.signal.state).generation
+    }
+
+    /// Waits at most `limit` for anything to happen after generation `seen`
+    /// (a completion, a map callback, a fault).
+    pub(crate) fn wait_change(&self, seen: u64, limit: Duration) {
+        let deadline = crate::deadline::after(limit);
+        let mut s = lock(&self.signal.state);
+        while s.generation == seen {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            s = self
+                .signal
+                .changed
+                .wait_timeout(s, deadline.saturating_duration_since(now))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// The recorded fault: `Some((message, permanent))`. A one-off fault
+    /// is forgotten once read.
+    pub(crate) fn take_fault(&self) -> Option<String> {
+        let mut s = lock(&self.signal.state);
+        match s.fault.clone() {
+            None => None,
+            Some((msg, true)) => Some(msg),
+            Some((msg, false)) => {
+                s.fault = None;
+                Some(msg)
+            }
+        }
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        lock(&self.signal.state).stop = true;
+        self.signal.changed.notify_all();
+    }
+}
+
+/// The owner thread: waits (without a timeout) for the oldest pending
+/// submission, then publishes it and every earlier one as done.
+fn run(device: &wgpu::Device, signal: &Signal) {
+    loop {
+        let (ticket, index) = {
+            let mut s = lock(&signal.state);
+            loop {
+                if s.stop {
+                    return;
+                }
+                if let Some(p) = s.pending.front() {
+                    break p.clone();
+                }
+                s = signal.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let polled = device.poll(wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: None,
+        });
+        let mut s = lock(&signal.state);
+        let ready: Vec<(u64, OnDone)>;
+        let ok = match polled {
+            Ok(_) => {
+                s.done = s.done.max(ticket);
+                while s.pending.front().is_some_and(|(t, _)| *t <= ticket) {
+                    s.pending.pop_front();
+                }
+                let (now, later) = std::mem::take(&mut s.callbacks)
+                    .into_iter()
+                    .partition(|(t, _)| *t <= ticket);
+                s.callbacks = later;
+                ready = now;
+                true
+            }
+            Err(e) => {
+                // The device is gone: nothing pending will complete.
+                if s.fault.as_ref().is_none_or(|(_, p)| !p) {
+                    s.fault = Some((format!("polling the device failed: {e}"), true));
+                }
+                s.pending.clear();
+                ready = std::mem::take(&mut s.callbacks);
+                false
+            }
+        };
+        s.generation = s.generation.wrapping_add(1);
+        drop(s);
+        signal.changed.notify_all();
+        for (_, f) in ready {
+            f(ok);
+        }
+        if !ok {
+            // Keep serving `stop`; there is nothing more to poll.
+            let mut s = lock(&signal.state);
+            while !s.stop {
+                s = signal.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+            return;
+        }
+    }
+}
