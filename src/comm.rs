@@ -257,6 +257,32 @@ impl Communicator {
         Tensor::zeros(&self.inner.dev, dtype, len)
     }
 
+    /// A tensor that views `len` elements of the user's `buffer` from byte
+    /// `offset`, with no copy: collectives read and write the buffer
+    /// itself, never a byte of it outside the view (a 16-bit view of odd
+    /// length leaves the neighbouring half-word as it was).
+    ///
+    /// The buffer must belong to this rank's device and have `STORAGE`,
+    /// `COPY_SRC` and `COPY_DST` usage and a size that is a multiple of 4
+    /// bytes; `offset` must be a multiple of 4 bytes (wgpu's copy
+    /// alignment; the 256-byte binding alignment is the engine's concern,
+    /// not yours); the view must fit in the buffer. Anything else is
+    /// [`Error::InvalidArgument`].
+    ///
+    /// Views that start the buffer and hold whole 16-byte units are used
+    /// where they lie; others are copied to a pooled buffer on the device
+    /// and back, around the collective. Stream order holds either way (see
+    /// [`Communicator::queue`]).
+    pub fn wrap_buffer(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Tensor> {
+        Tensor::view(&self.inner.dev, buffer, offset, dtype, len)
+    }
+
     /// A new output of `len` elements, made when the op starts; its size is
     /// checked now, so that a tensor too large fails at the call.
     fn output(&self, dtype: DType, len: usize) -> Result<Output> {
@@ -283,6 +309,120 @@ impl Communicator {
             op: Some(op),
             ..Call::new(Kind::AllReduce, x, Output::Given(x.clone()))
         })
+    }
+
+    /// Like [`all_reduce`](Self::all_reduce), into `out` (a tensor of this
+    /// rank of `x`'s dtype and length, wrapped or not; `x` itself for in
+    /// place). `wait()` returns `out`.
+    pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        let out = self.given(x, out, x.len(), true)?;
+        self.issue(Call {
+            op: Some(op),
+            ..Call::new(Kind::AllReduce, x, out)
+        })
+    }
+
+    /// Like [`all_gather`](Self::all_gather), into `out` (n x `x.len()`
+    /// elements of `x`'s dtype, not overlapping `x`).
+    pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<Work> {
+        self.check_tensor(x)?;
+        let out = self.given(x, out, self.gathered_len(x)?, false)?;
+        self.issue(Call::new(Kind::AllGather, x, out))
+    }
+
+    /// Like [`reduce_scatter`](Self::reduce_scatter), into `out`
+    /// (`x.len()` / n elements of `x`'s dtype, not overlapping `x`).
+    pub fn reduce_scatter_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_divisible(x)?;
+        let out = self.given(x, out, self.share(x), false)?;
+        self.issue(Call {
+            op: Some(op),
+            ..Call::new(Kind::ReduceScatter, x, out)
+        })
+    }
+
+    /// Like [`broadcast`](Self::broadcast), into `out` (`x`'s dtype and
+    /// length; `x` itself for in place).
+    pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
+        self.check_tensor(x)?;
+        self.check_root(root)?;
+        let out = self.given(x, out, x.len(), true)?;
+        self.issue(Call {
+            root: Some(root),
+            args: Args::Root(root),
+            ..Call::new(Kind::Broadcast, x, out)
+        })
+    }
+
+    /// Like [`reduce`](Self::reduce), into `out` (`x`'s dtype and length;
+    /// `x` itself for in place).
+    pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_root(root)?;
+        let out = self.given(x, out, x.len(), true)?;
+        self.issue(Call {
+            op: Some(op),
+            root: Some(root),
+            args: Args::Root(root),
+            ..Call::new(Kind::Reduce, x, out)
+        })
+    }
+
+    /// Like [`all_to_all`](Self::all_to_all), into `out` (the sum of the
+    /// receive counts, elements of `x`'s dtype, not overlapping `x`).
+    pub fn all_to_all_into(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<Work> {
+        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
+        let out = self.given(x, out, len, false)?;
+        self.issue(Call {
+            len: 0,
+            args: Args::Counts { send, recv },
+            ..Call::new(Kind::AllToAll, x, out)
+        })
+    }
+
+    /// Checks an output the caller gives for input `x`: this rank's, of
+    /// `x`'s dtype and `len` elements, and either `x` itself (when
+    /// `in_place` is allowed) or sharing no byte with it.
+    fn given(&self, x: &Tensor, out: &Tensor, len: usize, in_place: bool) -> Result<Output> {
+        self.check_tensor(out)?;
+        let me = self.rank();
+        if out.dtype() != x.dtype() {
+            return Err(Error::invalid(
+                me,
+                format!(
+                    "the output is a {} tensor, the input a {} one",
+                    out.dtype(),
+                    x.dtype()
+                ),
+            ));
+        }
+        if out.len() != len {
+            return Err(Error::invalid(
+                me,
+                format!("the output has {} elements, {len} expected", out.len()),
+            ));
+        }
+        let same = x.same_view(out);
+        if (same && !in_place) || (!same && x.overlaps(out)) {
+            return Err(Error::invalid(
+                me,
+                if same {
+                    "this collective cannot run in place: give an output apart from the input"
+                        .to_string()
+                } else {
+                    "the output overlaps the input without being it".to_string()
+                },
+            ));
+        }
+        Ok(Output::Given(out.clone()))
     }
 
     /// Every rank's `x`, concatenated in rank order: length n x len.
@@ -341,6 +481,22 @@ impl Communicator {
         send_counts: Option<&[usize]>,
         recv_counts: Option<&[usize]>,
     ) -> Result<Work> {
+        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
+        let out = self.output(x.dtype(), len)?;
+        self.issue(Call {
+            len: 0,
+            args: Args::Counts { send, recv },
+            ..Call::new(Kind::AllToAll, x, out)
+        })
+    }
+
+    /// The send and receive counts of an all_to_all of `x`, and the output length.
+    fn check_all_to_all(
+        &self,
+        x: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<(Vec<usize>, Vec<usize>, usize)> {
         self.check_tensor(x)?;
         let n = self.size();
         let even = || -> Result<Vec<usize>> {
@@ -377,12 +533,8 @@ impl Communicator {
                 ),
             ));
         }
-        let out = self.output(x.dtype(), self.count_sum("recv_counts", &recv)?)?;
-        self.issue(Call {
-            len: 0,
-            args: Args::Counts { send, recv },
-            ..Call::new(Kind::AllToAll, x, out)
-        })
+        let len = self.count_sum("recv_counts", &recv)?;
+        Ok((send, recv, len))
     }
 
     /// Completes once every rank has called it.

@@ -16,6 +16,7 @@ use crate::op::ReduceOp;
 use crate::tensor::DType;
 
 const REDUCE: &str = include_str!("../shaders/reduce.wgsl");
+const PATCH_HALF: &str = include_str!("../shaders/patch_half.wgsl");
 /// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
 const WORKGROUP: u64 = 256;
 
@@ -81,6 +82,8 @@ pub(crate) struct Kernels {
     layout: Mutex<Option<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     reducers: Mutex<HashMap<(DType, u32, u32), Reducer>>,
     binds: Arc<Mutex<BindCache>>,
+    /// `shaders/patch_half.wgsl`, made on first use.
+    patch: Mutex<Option<wgpu::ComputePipeline>>,
 }
 
 /// (dst, dst offset, src, src offset, bytes): the windows a reduction binds.
@@ -163,6 +166,82 @@ impl Kernels {
         };
         lock(&self.reducers).insert(key, r.clone());
         Ok(r)
+    }
+
+    /// Records a write of the low half-word of `src`'s first word over the
+    /// low half-word of `dst`'s word at byte `at` (a multiple of 4),
+    /// keeping its high half (see `shaders/patch_half.wgsl`). Not a hot
+    /// path: the last element of a 16-bit view of odd length.
+    pub(crate) fn patch_half(
+        &self,
+        dev: &RankDevice,
+        enc: &mut wgpu::CommandEncoder,
+        dst: &wgpu::Buffer,
+        at: u64,
+        src: &wgpu::Buffer,
+    ) -> Result<()> {
+        let (layout, pipeline_layout) = self.layouts(dev)?;
+        let pipeline = {
+            let mut slot = lock(&self.patch);
+            match slot.as_ref() {
+                Some(p) => p.clone(),
+                None => {
+                    dev.count_resource();
+                    let p = dev.scoped("compiling shaders/patch_half.wgsl", |d| {
+                        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some("patch_half.wgsl"),
+                            source: wgpu::ShaderSource::Wgsl(PATCH_HALF.into()),
+                        });
+                        d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some("patch_half"),
+                            layout: Some(&pipeline_layout),
+                            module: &module,
+                            entry_point: Some("main"),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        })
+                    })?;
+                    *slot = Some(p.clone());
+                    p
+                }
+            }
+        };
+        // Bound from an aligned offset at or below the word, so the index
+        // within the binding is below the alignment in words.
+        let align = u64::from(dev.limits.min_storage_buffer_offset_alignment.max(4));
+        let base = at.saturating_sub(at.checked_rem(align).unwrap_or(0));
+        let index = at.saturating_sub(base) / 4;
+        let size = (dst.size().saturating_sub(base)).min(align.saturating_mul(2)) / 4 * 4;
+        let group = dev.scoped("binding a half-word patch", |d| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("patch_half"),
+                layout: &layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: dst,
+                            offset: base,
+                            size: wgpu::BufferSize::new(size),
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: src,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(16),
+                        }),
+                    },
+                ],
+            })
+        })?;
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        // `index` is below the alignment in words (at most 64 on any adapter).
+        pass.dispatch_workgroups(u32::try_from(index.saturating_add(1)).unwrap_or(1), 1, 1);
+        Ok(())
     }
 
     /// Forgets the cached bind groups of `buffers`, which are being dropped.

@@ -235,7 +235,9 @@ impl Progress {
                 None
             },
         };
-        let (ins, outs) = (&op.inputs, &outs[..]);
+        // Views the schedules cannot work on where they lie are staged.
+        let staged = Staged::new(&mut p, &dev, &op.inputs, outs)?;
+        let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
         match (op.fp.kind, &op.args) {
             (Kind::AllReduce, _) => {
                 let (x, out) = (&ins[0], &outs[0]);
@@ -244,7 +246,7 @@ impl Progress {
                 // dst = op(x, received)) saves the copy but, on CPU adapters,
                 // streams three buffers through the cache instead of two:
                 // measured slower on lavapipe, so not done.
-                if x.buffer() != out.buffer() {
+                if !x.same_view(out) {
                     p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
                 }
                 p.buf = out.buffer().clone();
@@ -277,7 +279,7 @@ impl Progress {
             }
             (Kind::Broadcast, Args::Root(root)) => {
                 let (x, out) = (&ins[0], &outs[0]);
-                if r == *root {
+                if r == *root && !x.same_view(out) {
                     p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
                 }
                 p.buf = out.buffer().clone();
@@ -285,7 +287,9 @@ impl Progress {
             }
             (Kind::Reduce, Args::Root(root)) => {
                 let (x, out) = (&ins[0], &outs[0]);
-                p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                if !x.same_view(out) {
+                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                }
                 p.buf = out.buffer().clone();
                 chain::reduce(&mut p, *root, x.words())?;
             }
@@ -314,6 +318,7 @@ impl Progress {
                 )));
             }
         }
+        staged.copy_back(&mut p, &dev)?;
         let last = p.last.unwrap_or(first);
         if profiling {
             if let Some(ts) = self.stamps.as_mut() {
@@ -322,6 +327,77 @@ impl Progress {
             self.counters.collective();
         }
         Ok(last)
+    }
+}
+
+/// A collective's tensors as its schedule sees them: views it can work on
+/// where they lie (see `Tensor::direct`) as they are, others through a
+/// pooled tensor, copied in before and back after.
+struct Staged {
+    ins: Vec<Tensor>,
+    outs: Vec<Tensor>,
+    /// (staged, the view it stands for) of every staged output.
+    back: Vec<(Tensor, Tensor)>,
+}
+
+impl Staged {
+    fn new(p: &mut Prims, dev: &Arc<RankDevice>, ins: &[Tensor], outs: &[Tensor]) -> Result<Staged> {
+        let mut back = Vec::new();
+        let mut staged_outs = Vec::with_capacity(outs.len());
+        for o in outs {
+            if o.direct() {
+                staged_outs.push(o.clone());
+            } else {
+                let w = Tensor::output(dev, o.dtype(), o.len())?;
+                back.push((w.clone(), o.clone()));
+                staged_outs.push(w);
+            }
+        }
+        let mut staged_ins = Vec::with_capacity(ins.len());
+        for x in ins {
+            if x.direct() {
+                staged_ins.push(x.clone());
+                continue;
+            }
+            // In place: the input's stage is the output's.
+            let w = match back.iter().find(|(_, view)| view.same_view(x)) {
+                Some((w, _)) => w.clone(),
+                None => Tensor::output(dev, x.dtype(), x.len())?,
+            };
+            // Whole words: the buffer's size and the view's offset are
+            // multiples of 4 (checked when it was wrapped), so a last
+            // half-word rounds up within the buffer; it lands in the
+            // padding, which is never copied back.
+            let bytes = x.byte_len().next_multiple_of(4);
+            p.copy(x.buffer(), x.offset(), w.buffer(), 0, bytes)?;
+            staged_ins.push(w);
+        }
+        Ok(Staged {
+            ins: staged_ins,
+            outs: staged_outs,
+            back,
+        })
+    }
+
+    /// Copies each staged output into its view, touching no byte outside it.
+    fn copy_back(&self, p: &mut Prims, dev: &Arc<RankDevice>) -> Result<()> {
+        for (w, view) in &self.back {
+            let bytes = view.byte_len();
+            let whole = bytes - bytes % 4;
+            p.copy(w.buffer(), 0, view.buffer(), view.offset(), whole)?;
+            if bytes % 4 != 0 {
+                // A 16-bit view of odd length: its last element is the low
+                // half of a word whose high half is not ours.
+                let last = scratch(dev, 4)?;
+                let mut enc = p.encoder();
+                enc.copy_buffer_to_buffer(w.buffer(), whole, last.buffer(), 0, 4);
+                let at = view.offset() + whole;
+                dev.kernels
+                    .patch_half(dev, &mut enc, view.buffer(), at, last.buffer())?;
+                p.submit_steps(enc)?;
+            }
+        }
+        Ok(())
     }
 }
 

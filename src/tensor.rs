@@ -129,14 +129,21 @@ pub struct Tensor {
 
 struct TensorInner {
     buffer: wgpu::Buffer,
+    /// Where the tensor starts in the buffer, in bytes (0 unless wrapped).
+    offset: u64,
     len: usize,
     dtype: DType,
     device: Arc<RankDevice>,
+    /// Whether the engine made the buffer (from its pool, padded to whole
+    /// 16-byte units that kernels may write), or wraps a user's.
+    pooled: bool,
 }
 
 impl Drop for TensorInner {
     fn drop(&mut self) {
-        self.device.recycle_buffer(self.buffer.clone());
+        if self.pooled {
+            self.device.recycle_buffer(self.buffer.clone());
+        }
     }
 }
 
@@ -185,11 +192,117 @@ impl Tensor {
         Tensor {
             inner: Arc::new(TensorInner {
                 buffer,
+                offset: 0,
                 len,
                 dtype,
                 device: device.clone(),
+                pooled: true,
             }),
         }
+    }
+
+    /// A view of `len` elements of a user's `buffer` from byte `offset`
+    /// (see `Communicator::wrap_buffer`, which documents what is refused).
+    pub(crate) fn view(
+        device: &Arc<RankDevice>,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Tensor> {
+        let rank = device.rank;
+        let bad = |what: String| Err(Error::invalid(rank, format!("wrap_buffer: {what}")));
+        let need = Self::USAGE;
+        if !buffer.usage().contains(need) {
+            return bad(format!(
+                "the buffer's usage {:?} lacks {:?} (collectives bind it, and copy in and out of it)",
+                buffer.usage(),
+                need - buffer.usage()
+            ));
+        }
+        if offset % 4 != 0 {
+            return bad(format!("offset {offset} is not a multiple of 4 bytes"));
+        }
+        if buffer.size() % 4 != 0 {
+            return bad(format!(
+                "the buffer's size ({} bytes) is not a multiple of 4",
+                buffer.size()
+            ));
+        }
+        let bytes = len
+            .checked_mul(dtype.size())
+            .and_then(|b| u64::try_from(b).ok());
+        let end = bytes.and_then(|b| offset.checked_add(b));
+        match end {
+            Some(end) if end <= buffer.size() => {}
+            _ => {
+                return bad(format!(
+                    "{len} {dtype} elements from byte {offset} do not fit a buffer of {} bytes",
+                    buffer.size()
+                ));
+            }
+        }
+        // wgpu's `Buffer` cannot say which device made it: a command that
+        // uses it on this device fails validation when it is another's.
+        device
+            .scoped("checking the buffer's device", |d| {
+                let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("wrap_buffer check"),
+                });
+                enc.clear_buffer(buffer, offset, Some(0));
+                drop(enc.finish());
+            })
+            .map_err(|e| {
+                Error::invalid(
+                    rank,
+                    format!(
+                        "wrap_buffer: the buffer is not usable on rank {rank}'s device                          (made by another device?): {e}"
+                    ),
+                )
+            })?;
+        Ok(Tensor {
+            inner: Arc::new(TensorInner {
+                buffer: buffer.clone(),
+                offset,
+                len,
+                dtype,
+                device: device.clone(),
+                pooled: false,
+            }),
+        })
+    }
+
+    /// Whether collectives can work on the tensor where it lies: it starts
+    /// its buffer and kernels may write all of its padded 16-byte units.
+    /// Other views (a user's buffer at an offset, or whose length leaves a
+    /// partial unit that belongs to someone else) are staged.
+    pub(crate) fn direct(&self) -> bool {
+        let i = &self.inner;
+        i.pooled
+            || (i.offset == 0
+                && i.len.checked_mul(i.dtype.size()).is_some_and(|b| b % 16 == 0))
+    }
+
+    /// Whether `self` and `other` are the same elements of the same buffer.
+    pub(crate) fn same_view(&self, other: &Tensor) -> bool {
+        self.buffer() == other.buffer()
+            && self.inner.offset == other.inner.offset
+            && self.inner.len == other.inner.len
+            && self.inner.dtype == other.inner.dtype
+    }
+
+    /// Whether `self` and `other` share any byte.
+    pub(crate) fn overlaps(&self, other: &Tensor) -> bool {
+        if self.buffer() != other.buffer() || self.is_empty() || other.is_empty() {
+            return false;
+        }
+        let range = |t: &Tensor| {
+            let start = t.inner.offset;
+            let bytes = t.dtype().padded_bytes(t.len()).unwrap_or(u64::MAX);
+            (start, start.saturating_add(bytes))
+        };
+        let ((a0, a1), (b0, b1)) = (range(self), range(other));
+        a0 < b1 && b0 < a1
     }
 
     /// Whole 16-byte units, rounded up to a size class so that freed
@@ -210,6 +323,15 @@ impl Tensor {
         } else {
             class
         })
+    }
+
+    /// Bytes of the elements themselves (no padding).
+    pub(crate) fn byte_len(&self) -> u64 {
+        // The size was checked when the tensor was made.
+        self.inner
+            .len
+            .checked_mul(self.inner.dtype.size())
+            .map_or(0, |b| b as u64)
     }
 
     /// Bytes of the tensor that kernels and copies touch (whole 16-byte units).
@@ -242,8 +364,16 @@ impl Tensor {
         self.inner.dtype.words(self.inner.len)
     }
 
-    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+    /// The wgpu buffer holding the tensor: the engine's own, or the one a
+    /// user wrapped ([`Communicator::wrap_buffer`](crate::Communicator::wrap_buffer)).
+    pub fn buffer(&self) -> &wgpu::Buffer {
         &self.inner.buffer
+    }
+
+    /// Where the tensor starts in [`buffer`](Self::buffer), in bytes (0
+    /// for the engine's own tensors).
+    pub fn offset(&self) -> u64 {
+        self.inner.offset
     }
 
     pub(crate) fn device(&self) -> &Arc<RankDevice> {
@@ -272,7 +402,7 @@ impl Tensor {
         if bytes.is_empty() {
             return Ok(out);
         }
-        dev.read_buffer(self.buffer(), 0, bytes)?;
+        dev.read_buffer(self.buffer(), self.inner.offset, bytes)?;
         Ok(out)
     }
 }

@@ -98,3 +98,73 @@ fn run_with_moves_per_rank_state_that_is_neither_sync_nor_clone() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
+
+/// The usual wgpu habit (burn and cubecl do it internally): threads of the
+/// user's own submitting to a rank's queue and polling its device, with
+/// `Wait` and with `Poll`, at full speed, while the ranks run hundreds of
+/// collectives. None of it may crash, hang or change a result.
+#[test]
+fn user_threads_submitting_and_polling_every_device_never_disturb_collectives() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let n = 4;
+    let world = common::world(n);
+    let stop = AtomicBool::new(false);
+    let user_submissions = AtomicU64::new(0);
+    let rounds = 200usize;
+    let results = std::thread::scope(|s| {
+        for r in 0..n {
+            let c = world.communicator(r).expect("a rank");
+            for waits in [true, false] {
+                let (dev, queue) = (c.device().clone(), c.queue().clone());
+                let (stop, count) = (&stop, &user_submissions);
+                s.spawn(move || {
+                    let buffer = |label| {
+                        dev.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some(label),
+                            size: 1 << 16,
+                            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                            mapped_at_creation: false,
+                        })
+                    };
+                    let (a, b) = (buffer("user a"), buffer("user b"));
+                    while !stop.load(Ordering::Acquire) {
+                        let mut enc = dev.create_command_encoder(&Default::default());
+                        enc.copy_buffer_to_buffer(&a, 0, &b, 0, 1 << 16);
+                        let idx = queue.submit([enc.finish()]);
+                        let polled = if waits {
+                            dev.poll(wgpu::PollType::Wait {
+                                submission_index: Some(idx),
+                                timeout: None,
+                            })
+                        } else {
+                            dev.poll(wgpu::PollType::Poll)
+                        };
+                        polled.expect("the user's poll");
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        }
+        let results = world.run(|c| -> Result<usize, wgpu_collectives::Error> {
+            let mut checked = 0;
+            for round in 0..rounds {
+                let len = 1 + (round * 37) % 3000;
+                let x: Vec<i32> = (0..len).map(|i| (c.rank() * 1000 + i + round) as i32).collect();
+                let t = c.tensor(&x)?;
+                let y = c.all_reduce(&t, ReduceOp::Sum)?.wait()?.to_vec::<i32>()?;
+                for (i, v) in y.iter().enumerate() {
+                    let want = (0..4).map(|r| (r * 1000 + i + round) as i32).sum::<i32>();
+                    assert_eq!(*v, want, "rank {}, round {round}, element {i}", c.rank());
+                }
+                checked += 1;
+            }
+            Ok(checked)
+        });
+        stop.store(true, Ordering::Release);
+        results
+    });
+    for (rank, r) in results.expect("the run").into_iter().enumerate() {
+        assert_eq!(r.expect("the rank's collectives"), rounds, "rank {rank}");
+    }
+    assert!(user_submissions.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}

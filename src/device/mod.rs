@@ -353,7 +353,7 @@ impl RankDevice {
                 ));
             }
             if bytes > 0 {
-                enc.copy_buffer_to_buffer(p.buffer(), 0, out.buffer(), off, bytes);
+                enc.copy_buffer_to_buffer(p.buffer(), p.offset(), out.buffer(), off, bytes);
             }
             off = end;
         }
@@ -390,7 +390,10 @@ impl RankDevice {
         }
         if bytes > 0 {
             let mut enc = self.encoder();
-            enc.copy_buffer_to_buffer(t.buffer(), off, out.buffer(), 0, bytes);
+            let from = off.checked_add(t.offset()).ok_or_else(|| {
+                Error::invalid(self.rank, "split: the view's offset overflows")
+            })?;
+            enc.copy_buffer_to_buffer(t.buffer(), from, out.buffer(), 0, bytes);
             self.submit(enc, None)?;
         }
         Ok(out)

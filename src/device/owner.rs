@@ -56,7 +56,11 @@ struct State {
 /// Shared between the owner thread, the device's users and wgpu callbacks.
 pub(crate) struct Signal {
     state: Mutex<State>,
+    /// Waiters wait on this one.
     changed: Condvar,
+    /// The owner thread waits on this one (a new submission, `stop`), so
+    /// that a submission wakes nobody else.
+    work: Condvar,
 }
 
 impl Signal {
@@ -101,6 +105,7 @@ impl Owner {
         let signal = Arc::new(Signal {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            work: Condvar::new(),
         });
         let (s, d) = (signal.clone(), device.clone());
         std::thread::Builder::new()
@@ -127,7 +132,7 @@ impl Owner {
         let t = s.issued;
         s.pending.push_back((t, index));
         drop(s);
-        self.signal.changed.notify_all();
+        self.signal.work.notify_one();
         Ticket(t)
     }
 
@@ -222,7 +227,7 @@ impl Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         lock(&self.signal.state).stop = true;
-        self.signal.changed.notify_all();
+        self.signal.work.notify_all();
     }
 }
 
@@ -239,7 +244,7 @@ fn run(device: &wgpu::Device, signal: &Signal) {
                 if let Some(p) = s.pending.front() {
                     break p.clone();
                 }
-                s = signal.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                s = signal.work.wait(s).unwrap_or_else(|p| p.into_inner());
             }
         };
         let polled = device.poll(wgpu::PollType::Wait {
@@ -281,7 +286,7 @@ fn run(device: &wgpu::Device, signal: &Signal) {
             // Keep serving `stop`; there is nothing more to poll.
             let mut s = lock(&signal.state);
             while !s.stop {
-                s = signal.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                s = signal.work.wait(s).unwrap_or_else(|p| p.into_inner());
             }
             return;
         }
