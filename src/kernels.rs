@@ -211,7 +211,7 @@ impl Kernels {
         let align = u64::from(dev.limits.min_storage_buffer_offset_alignment.max(4));
         let base = at.saturating_sub(at.checked_rem(align).unwrap_or(0));
         let index = at.saturating_sub(base) / 4;
-        let size = (dst.size().saturating_sub(base)).min(align.saturating_mul(2)) / 4 * 4;
+        let size = dst.size().saturating_sub(base).min(align.saturating_mul(2)) & !3;
         let group = dev.scoped("binding a half-word patch", |d| {
             d.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("patch_half"),

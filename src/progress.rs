@@ -341,7 +341,12 @@ struct Staged {
 }
 
 impl Staged {
-    fn new(p: &mut Prims, dev: &Arc<RankDevice>, ins: &[Tensor], outs: &[Tensor]) -> Result<Staged> {
+    fn new(
+        p: &mut Prims,
+        dev: &Arc<RankDevice>,
+        ins: &[Tensor],
+        outs: &[Tensor],
+    ) -> Result<Staged> {
         let mut back = Vec::new();
         let mut staged_outs = Vec::with_capacity(outs.len());
         for o in outs {
@@ -383,7 +388,7 @@ impl Staged {
     fn copy_back(&self, p: &mut Prims, dev: &Arc<RankDevice>) -> Result<()> {
         for (w, view) in &self.back {
             let bytes = view.byte_len();
-            let whole = bytes - bytes % 4;
+            let whole = bytes & !3;
             p.copy(w.buffer(), 0, view.buffer(), view.offset(), whole)?;
             if bytes % 4 != 0 {
                 // A 16-bit view of odd length: its last element is the low
@@ -391,7 +396,7 @@ impl Staged {
                 let last = scratch(dev, 4)?;
                 let mut enc = p.encoder();
                 enc.copy_buffer_to_buffer(w.buffer(), whole, last.buffer(), 0, 4);
-                let at = view.offset() + whole;
+                let at = view.offset().saturating_add(whole);
                 dev.kernels
                     .patch_half(dev, &mut enc, view.buffer(), at, last.buffer())?;
                 p.submit_steps(enc)?;

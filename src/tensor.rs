@@ -217,7 +217,7 @@ impl Tensor {
             return bad(format!(
                 "the buffer's usage {:?} lacks {:?} (collectives bind it, and copy in and out of it)",
                 buffer.usage(),
-                need - buffer.usage()
+                need.difference(buffer.usage())
             ));
         }
         if offset % 4 != 0 {
@@ -280,7 +280,9 @@ impl Tensor {
         let i = &self.inner;
         i.pooled
             || (i.offset == 0
-                && i.len.checked_mul(i.dtype.size()).is_some_and(|b| b % 16 == 0))
+                && i.len
+                    .checked_mul(i.dtype.size())
+                    .is_some_and(|b| b % 16 == 0))
     }
 
     /// Whether `self` and `other` are the same elements of the same buffer.

@@ -69,7 +69,10 @@ fn read_back(dev: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::Buffer) -> 
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the map callback ran")
         .expect("the map succeeded");
-    let bytes = staging.get_mapped_range(..).expect("a mapped view").to_vec();
+    let bytes = staging
+        .get_mapped_range(..)
+        .expect("a mapped view")
+        .to_vec();
     staging.unmap();
     bytes
 }
@@ -86,7 +89,11 @@ fn a_world_runs_on_devices_the_user_made() {
     let got = world
         .run(|c| {
             assert!(c.adapter().is_none());
-            let x = c.tensor(&(0..1000).map(|i| (i % 7 + c.rank()) as f32).collect::<Vec<_>>())?;
+            let x = c.tensor(
+                &(0..1000)
+                    .map(|i| (i % 7 + c.rank()) as f32)
+                    .collect::<Vec<_>>(),
+            )?;
             c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
         })
         .expect("the run");
@@ -117,7 +124,10 @@ fn the_world_new_makes_hands_out_its_instance_and_adapters() {
 #[test]
 fn required_features_and_limits_are_checked_against_the_adapter() {
     let world = common::world(1);
-    let adapter = world.communicator(0).and_then(|c| c.adapter()).expect("an adapter");
+    let adapter = world
+        .communicator(0)
+        .and_then(|c| c.adapter())
+        .expect("an adapter");
     let have = adapter.features();
     // A feature this adapter lacks, whatever the adapter.
     let missing = wgpu::Features::all()
@@ -182,7 +192,10 @@ fn a_user_buffer_is_all_reduced_in_place_without_touching_its_neighbours() {
                 } else {
                     1000.0 + i as f32
                 };
-                assert_eq!(*v, want, "rank {rank}, offset {offset}, len {len}, word {i}");
+                assert_eq!(
+                    *v, want,
+                    "rank {rank}, offset {offset}, len {len}, word {i}"
+                );
             }
             assert_eq!(via_tensor, all[first..first + len]);
         }
@@ -237,8 +250,14 @@ fn bad_wraps_are_invalid_arguments() {
     let cases: Vec<(&str, Result<Tensor, Error>)> = vec![
         ("offset", c0.wrap_buffer(&buf, 2, DType::F32, 4)),
         ("out of range", c0.wrap_buffer(&buf, 0, DType::F32, 65)),
-        ("out of range at an offset", c0.wrap_buffer(&buf, 252, DType::F16, 3)),
-        ("overflow", c0.wrap_buffer(&buf, 4, DType::F32, usize::MAX / 2)),
+        (
+            "out of range at an offset",
+            c0.wrap_buffer(&buf, 252, DType::F16, 3),
+        ),
+        (
+            "overflow",
+            c0.wrap_buffer(&buf, 4, DType::F32, usize::MAX / 2),
+        ),
         ("another device", c1.wrap_buffer(&buf, 0, DType::F32, 4)),
     ];
     let no_storage = c0.device().create_buffer(&wgpu::BufferDescriptor {
@@ -264,7 +283,9 @@ fn bad_wraps_are_invalid_arguments() {
         }
     }
     // The rank's device is still fine afterwards.
-    let x = c0.wrap_buffer(&buf, 0, DType::F32, 64).expect("a good wrap");
+    let x = c0
+        .wrap_buffer(&buf, 0, DType::F32, 64)
+        .expect("a good wrap");
     assert_eq!(x.to_vec::<f32>().expect("a read"), vec![0.0; 64]);
 }
 
@@ -303,19 +324,30 @@ fn every_into_call_lands_in_the_callers_output() {
     let x = |r: i32| (0..6).map(move |i| r * 100 + i);
     for (rank, res) in got.into_iter().enumerate() {
         let [sum, gathered, scattered, bcast, reduced, a2a] = res.expect("the rank ran");
-        assert_eq!(sum.expect("all_reduce_into"), x(0).map(|v| 3 * v + 300).collect::<Vec<_>>());
-        assert_eq!(gathered.expect("all_gather_into"), (0..3).flat_map(x).collect::<Vec<_>>());
+        assert_eq!(
+            sum.expect("all_reduce_into"),
+            x(0).map(|v| 3 * v + 300).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            gathered.expect("all_gather_into"),
+            (0..3).flat_map(x).collect::<Vec<_>>()
+        );
         assert_eq!(
             scattered.expect("reduce_scatter_into"),
             x(2).skip(2 * rank).take(2).collect::<Vec<_>>()
         );
         assert_eq!(bcast.expect("broadcast_into"), x(2).collect::<Vec<_>>());
         if rank == 1 {
-            assert_eq!(reduced.expect("reduce_into"), x(0).map(|v| 3 * v + 300).collect::<Vec<_>>());
+            assert_eq!(
+                reduced.expect("reduce_into"),
+                x(0).map(|v| 3 * v + 300).collect::<Vec<_>>()
+            );
         }
         assert_eq!(
             a2a.expect("all_to_all_into"),
-            (0..3).flat_map(|j| x(j).skip(2 * rank).take(2)).collect::<Vec<_>>()
+            (0..3)
+                .flat_map(|j| x(j).skip(2 * rank).take(2))
+                .collect::<Vec<_>>()
         );
     }
 }
@@ -335,11 +367,23 @@ fn bad_outputs_are_invalid_arguments() {
     let cases = [
         ("dtype", c0.all_reduce_into(&x, &wrong_dtype, ReduceOp::Sum)),
         ("length", c0.broadcast_into(&x, &wrong_len, 0)),
-        ("another rank", c0.reduce_into(&x, &elsewhere, ReduceOp::Sum, 0)),
+        (
+            "another rank",
+            c0.reduce_into(&x, &elsewhere, ReduceOp::Sum, 0),
+        ),
         ("gather length", c0.all_gather_into(&x, &wrong_len)),
-        ("scatter length", c0.reduce_scatter_into(&x, &wrong_len, ReduceOp::Sum)),
-        ("all_to_all length", c0.all_to_all_into(&x, &wrong_len, None, None)),
-        ("overlap", c0.all_reduce_into(&a, &overlapping, ReduceOp::Sum)),
+        (
+            "scatter length",
+            c0.reduce_scatter_into(&x, &wrong_len, ReduceOp::Sum),
+        ),
+        (
+            "all_to_all length",
+            c0.all_to_all_into(&x, &wrong_len, None, None),
+        ),
+        (
+            "overlap",
+            c0.all_reduce_into(&a, &overlapping, ReduceOp::Sum),
+        ),
         ("all_gather in place", c0.all_gather_into(&a, &a)),
     ];
     for (what, r) in cases {

@@ -149,7 +149,9 @@ fn user_threads_submitting_and_polling_every_device_never_disturb_collectives() 
             let mut checked = 0;
             for round in 0..rounds {
                 let len = 1 + (round * 37) % 3000;
-                let x: Vec<i32> = (0..len).map(|i| (c.rank() * 1000 + i + round) as i32).collect();
+                let x: Vec<i32> = (0..len)
+                    .map(|i| (c.rank() * 1000 + i + round) as i32)
+                    .collect();
                 let t = c.tensor(&x)?;
                 let y = c.all_reduce(&t, ReduceOp::Sum)?.wait()?.to_vec::<i32>()?;
                 for (i, v) in y.iter().enumerate() {

@@ -75,7 +75,7 @@ impl RankDevice {
     ) -> Result<Arc<RankDevice>> {
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let missing = wants.features - adapter.features();
+        let missing = wants.features.difference(adapter.features());
         if !missing.is_empty() {
             return Err(Error::device(
                 rank,
@@ -390,9 +390,9 @@ impl RankDevice {
         }
         if bytes > 0 {
             let mut enc = self.encoder();
-            let from = off.checked_add(t.offset()).ok_or_else(|| {
-                Error::invalid(self.rank, "split: the view's offset overflows")
-            })?;
+            let from = off
+                .checked_add(t.offset())
+                .ok_or_else(|| Error::invalid(self.rank, "split: the view's offset overflows"))?;
             enc.copy_buffer_to_buffer(t.buffer(), from, out.buffer(), 0, bytes);
             self.submit(enc, None)?;
         }
