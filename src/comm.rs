@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Sender, unbounded};
 
+use crate::collective::Collective;
 use crate::cost::Tuning;
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::fingerprint::{Fingerprint, Kind};
 use crate::flight::State;
 use crate::health::Health;
 use crate::op::ReduceOp;
 use crate::profile::{Counters, Profile};
-use crate::progress::{Args, Op, Output, Progress};
+use crate::progress::{Op, Output, Progress};
 use crate::tensor::{DType, Element, Tensor};
 use crate::transport::{Endpoint, Stager};
 use crate::work::{Work, WorkState};
@@ -86,47 +86,19 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// Tensors one call sends, with what they all share.
+/// One call: what it is, and its tensors.
 struct Call {
-    kind: Kind,
+    what: Collective,
     inputs: Vec<Tensor>,
     outputs: Vec<Output>,
-    dtype: DType,
-    len: usize,
-    op: Option<ReduceOp>,
-    root: Option<usize>,
-    shape: u64,
-    args: Args,
 }
 
 impl Call {
-    /// A call that moves no tensor (barrier, split): `out` is an empty
-    /// placeholder so that its `Work` has something to return.
-    fn control(kind: Kind, out: Output, args: Args) -> Call {
+    fn one(what: Collective, x: &Tensor, out: Output) -> Call {
         Call {
-            kind,
-            inputs: Vec::new(),
-            outputs: vec![out],
-            dtype: DType::F32,
-            len: 0,
-            op: None,
-            root: None,
-            shape: 0,
-            args,
-        }
-    }
-
-    fn new(kind: Kind, x: &Tensor, out: Output) -> Call {
-        Call {
-            kind,
-            dtype: x.dtype(),
-            len: x.len(),
+            what,
             inputs: vec![x.clone()],
             outputs: vec![out],
-            op: None,
-            root: None,
-            shape: 0,
-            args: Args::None,
         }
     }
 }
@@ -296,19 +268,29 @@ impl Communicator {
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call {
-            op: Some(op),
-            ..Call::new(Kind::AllReduce, x, out)
-        })
+        self.issue(Call::one(
+            Collective::AllReduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`all_reduce`](Self::all_reduce), leaving the result in `x`.
     pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
-        self.issue(Call {
-            op: Some(op),
-            ..Call::new(Kind::AllReduce, x, Output::Given(x.clone()))
-        })
+        self.issue(Call::one(
+            Collective::AllReduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            Output::Given(x.clone()),
+        ))
     }
 
     /// Like [`all_reduce`](Self::all_reduce), into `out` (a tensor of this
@@ -317,10 +299,15 @@ impl Communicator {
     pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call {
-            op: Some(op),
-            ..Call::new(Kind::AllReduce, x, out)
-        })
+        self.issue(Call::one(
+            Collective::AllReduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`all_gather`](Self::all_gather), into `out` (n x `x.len()`
@@ -328,7 +315,14 @@ impl Communicator {
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<Work> {
         self.check_tensor(x)?;
         let out = self.given(x, out, self.gathered_len(x)?, false)?;
-        self.issue(Call::new(Kind::AllGather, x, out))
+        self.issue(Call::one(
+            Collective::AllGather {
+                dtype: x.dtype(),
+                len: x.len(),
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`reduce_scatter`](Self::reduce_scatter), into `out`
@@ -337,10 +331,15 @@ impl Communicator {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
         let out = self.given(x, out, self.share(x), false)?;
-        self.issue(Call {
-            op: Some(op),
-            ..Call::new(Kind::ReduceScatter, x, out)
-        })
+        self.issue(Call::one(
+            Collective::ReduceScatter {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`broadcast`](Self::broadcast), into `out` (`x`'s dtype and
@@ -349,11 +348,15 @@ impl Communicator {
         self.check_tensor(x)?;
         self.check_root(root)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call {
-            root: Some(root),
-            args: Args::Root(root),
-            ..Call::new(Kind::Broadcast, x, out)
-        })
+        self.issue(Call::one(
+            Collective::Broadcast {
+                dtype: x.dtype(),
+                len: x.len(),
+                root,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`reduce`](Self::reduce), into `out` (`x`'s dtype and length;
@@ -362,12 +365,16 @@ impl Communicator {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call {
-            op: Some(op),
-            root: Some(root),
-            args: Args::Root(root),
-            ..Call::new(Kind::Reduce, x, out)
-        })
+        self.issue(Call::one(
+            Collective::Reduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+                root,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Like [`all_to_all`](Self::all_to_all), into `out` (the sum of the
@@ -381,11 +388,15 @@ impl Communicator {
     ) -> Result<Work> {
         let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
         let out = self.given(x, out, len, false)?;
-        self.issue(Call {
-            len: 0,
-            args: Args::Counts { send, recv },
-            ..Call::new(Kind::AllToAll, x, out)
-        })
+        self.issue(Call::one(
+            Collective::AllToAll {
+                dtype: x.dtype(),
+                send,
+                recv,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Checks an output the caller gives for input `x`: this rank's, of
@@ -429,7 +440,14 @@ impl Communicator {
     pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
         self.check_tensor(x)?;
         let out = self.output(x.dtype(), self.gathered_len(x)?)?;
-        self.issue(Call::new(Kind::AllGather, x, out))
+        self.issue(Call::one(
+            Collective::AllGather {
+                dtype: x.dtype(),
+                len: x.len(),
+            },
+            x,
+            out,
+        ))
     }
 
     /// Reduces `x` over all ranks and gives rank r the r-th of n equal
@@ -438,10 +456,15 @@ impl Communicator {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
         let out = self.output(x.dtype(), self.share(x))?;
-        self.issue(Call {
-            op: Some(op),
-            ..Call::new(Kind::ReduceScatter, x, out)
-        })
+        self.issue(Call::one(
+            Collective::ReduceScatter {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            out,
+        ))
     }
 
     /// The root's `x` on every rank, in a new tensor (every rank passes a
@@ -450,11 +473,15 @@ impl Communicator {
         self.check_tensor(x)?;
         self.check_root(root)?;
         let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call {
-            root: Some(root),
-            args: Args::Root(root),
-            ..Call::new(Kind::Broadcast, x, out)
-        })
+        self.issue(Call::one(
+            Collective::Broadcast {
+                dtype: x.dtype(),
+                len: x.len(),
+                root,
+            },
+            x,
+            out,
+        ))
     }
 
     /// The reduction of every rank's `x`, in the root's output. Other
@@ -463,12 +490,16 @@ impl Communicator {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
         let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call {
-            op: Some(op),
-            root: Some(root),
-            args: Args::Root(root),
-            ..Call::new(Kind::Reduce, x, out)
-        })
+        self.issue(Call::one(
+            Collective::Reduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+                root,
+            },
+            x,
+            out,
+        ))
     }
 
     /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
@@ -483,11 +514,15 @@ impl Communicator {
     ) -> Result<Work> {
         let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
         let out = self.output(x.dtype(), len)?;
-        self.issue(Call {
-            len: 0,
-            args: Args::Counts { send, recv },
-            ..Call::new(Kind::AllToAll, x, out)
-        })
+        self.issue(Call::one(
+            Collective::AllToAll {
+                dtype: x.dtype(),
+                send,
+                recv,
+            },
+            x,
+            out,
+        ))
     }
 
     /// The send and receive counts of an all_to_all of `x`, and the output length.
@@ -539,8 +574,13 @@ impl Communicator {
 
     /// Completes once every rank has called it.
     pub fn barrier(&self) -> Result<Work> {
+        // Its `Work` gives an empty tensor.
         let out = self.output(DType::F32, 0)?;
-        self.issue(Call::control(Kind::Barrier, out, Args::None))
+        self.issue(Call {
+            what: Collective::Barrier,
+            inputs: Vec::new(),
+            outputs: vec![out],
+        })
     }
 
     /// All-reduces several tensors of one dtype in one ring pass over their
@@ -554,7 +594,8 @@ impl Communicator {
             .iter()
             .map(|x| self.output(x.dtype(), x.len()))
             .collect::<Result<_>>()?;
-        self.issue_coalesced(Kind::AllReduceCoalesced, xs, outs, dtype, Some(op))
+        let lens = xs.iter().map(Tensor::len).collect();
+        self.issue_coalesced(Collective::AllReduceCoalesced { dtype, lens, op }, xs, outs)
     }
 
     /// `all_gather` of several tensors of one dtype as one `Work`.
@@ -564,7 +605,8 @@ impl Communicator {
             .iter()
             .map(|x| self.output(x.dtype(), self.gathered_len(x)?))
             .collect::<Result<_>>()?;
-        self.issue_coalesced(Kind::AllGatherCoalesced, xs, outs, dtype, None)
+        let lens = xs.iter().map(Tensor::len).collect();
+        self.issue_coalesced(Collective::AllGatherCoalesced { dtype, lens }, xs, outs)
     }
 
     /// `reduce_scatter` of several tensors of one dtype as one `Work`.
@@ -578,34 +620,30 @@ impl Communicator {
             .iter()
             .map(|x| self.output(x.dtype(), self.share(x)))
             .collect::<Result<_>>()?;
-        self.issue_coalesced(Kind::ReduceScatterCoalesced, xs, outs, dtype, Some(op))
+        let lens = xs.iter().map(Tensor::len).collect();
+        self.issue_coalesced(
+            Collective::ReduceScatterCoalesced { dtype, lens, op },
+            xs,
+            outs,
+        )
     }
 
     fn issue_coalesced(
         &self,
-        kind: Kind,
+        what: Collective,
         xs: &[Tensor],
         outputs: Vec<Output>,
-        dtype: DType,
-        op: Option<ReduceOp>,
     ) -> Result<Work> {
-        let lens: Vec<usize> = xs.iter().map(Tensor::len).collect();
-        let len = self.count_sum("coalesced tensor lengths", &lens)?;
         // all_reduce_coalesced rings over their concatenation, which must
         // fit one buffer; the gather and scatter run tensor by tensor.
-        if kind == Kind::AllReduceCoalesced {
-            Tensor::buffer_size(&self.inner.dev, dtype, len)?;
+        if let Collective::AllReduceCoalesced { dtype, lens, .. } = &what {
+            let len = self.count_sum("coalesced tensor lengths", lens)?;
+            Tensor::buffer_size(&self.inner.dev, *dtype, len)?;
         }
         self.issue(Call {
-            kind,
+            what,
             inputs: xs.to_vec(),
             outputs,
-            dtype,
-            len,
-            op,
-            root: None,
-            shape: Fingerprint::shape_of(&lens),
-            args: Args::None,
         })
     }
 
@@ -614,24 +652,14 @@ impl Communicator {
     /// `color` form a new communicator, ordered by (`key`, rank here);
     /// `None` takes part but gets no communicator.
     pub fn split(&self, color: Option<u32>, key: usize) -> Result<Option<Communicator>> {
-        let table = Arc::new(Mutex::new(None));
-        let out = self.output(DType::F32, 0)?;
-        let args = Args::Split {
-            color,
-            key,
-            table: table.clone(),
-        };
-        let work = self.issue(Call::control(Kind::Split, out, args))?;
-        let seq = work.seq();
-        work.wait()?;
-        let Some(color) = color else { return Ok(None) };
-        let all = lock(&table).take().ok_or_else(|| {
-            Error::device(
-                self.rank(),
-                Some(seq),
-                "split finished without the table of colors",
-            )
+        let work = self.issue(Call {
+            what: Collective::Split { color, key },
+            inputs: Vec::new(),
+            outputs: Vec::new(),
         })?;
+        let seq = work.seq();
+        let all = work.wait_split()?;
+        let Some(color) = color else { return Ok(None) };
         let mut members: Vec<(usize, usize)> = all
             .iter()
             .enumerate()
@@ -780,15 +808,7 @@ impl Communicator {
         let inner = &self.inner;
         let state = WorkState::new();
         let mut issuer = lock(&inner.issuer);
-        let fp = Fingerprint {
-            seq: issuer.seq,
-            kind: call.kind,
-            dtype: call.dtype,
-            len: call.len,
-            op: call.op,
-            root: call.root,
-            shape: call.shape,
-        };
+        let fp = call.what.fingerprint(issuer.seq);
         let me = std::thread::current().id();
         let busy = inner.inflight.load(Ordering::Acquire);
         match issuer.binding {
@@ -832,10 +852,10 @@ impl Communicator {
         inner.inflight.fetch_add(1, Ordering::AcqRel);
         let shape = call.outputs.first().map_or((0, DType::F32), Output::shape);
         let op = Op {
+            what: call.what,
             fp,
             inputs: call.inputs,
             outputs: call.outputs,
-            args: call.args,
             state: state.clone(),
         };
         // Recorded before the progress thread can see the op, so that its

@@ -43,15 +43,18 @@ impl Kind {
     }
 }
 
-/// One collective call as every rank should see it.
+/// One collective call as every rank should see it: derived from its
+/// [`Collective`](crate::collective::Collective), small and `Copy` so that
+/// every packet can carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fingerprint {
     pub seq: u64,
     pub kind: Kind,
-    pub dtype: DType,
-    /// Elements per rank (the sum over tensors for coalesced calls; 0 for
-    /// all_to_all, whose lengths may differ between ranks).
-    pub len: usize,
+    /// `None` for calls that move no tensor (barrier, split).
+    pub dtype: Option<DType>,
+    /// Elements per rank (the sum over tensors for coalesced calls);
+    /// `None` where ranks' lengths differ (all_to_all) or there are none.
+    pub len: Option<usize>,
     pub op: Option<ReduceOp>,
     pub root: Option<usize>,
     /// Hash of the tensor lengths of a coalesced call (0 otherwise).
@@ -59,6 +62,11 @@ pub(crate) struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// Bytes per rank, where every rank moves the same.
+    pub(crate) fn bytes(&self) -> Option<usize> {
+        self.len?.checked_mul(self.dtype?.size())
+    }
+
     /// A hash of `lens` that two ranks agree on exactly when the lists are equal.
     pub(crate) fn shape_of(lens: &[usize]) -> u64 {
         // FNV-1a over the lengths and their count.
@@ -75,22 +83,26 @@ impl Fingerprint {
 
 impl std::fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "#{} {}({}, len {}",
-            self.seq,
-            self.kind.name(),
-            self.dtype,
-            self.len
-        )?;
+        write!(f, "#{} {}(", self.seq, self.kind.name())?;
+        let mut sep = "";
+        if let Some(dtype) = self.dtype {
+            write!(f, "{dtype}")?;
+            sep = ", ";
+        }
+        if let Some(len) = self.len {
+            write!(f, "{sep}len {len}")?;
+            sep = ", ";
+        }
         if let Some(op) = self.op {
-            write!(f, ", {op}")?;
+            write!(f, "{sep}{op}")?;
+            sep = ", ";
         }
         if let Some(root) = self.root {
-            write!(f, ", root {root}")?;
+            write!(f, "{sep}root {root}")?;
+            sep = ", ";
         }
         if self.shape != 0 {
-            write!(f, ", shape {:016x}", self.shape)?;
+            write!(f, "{sep}shape {:016x}", self.shape)?;
         }
         f.write_str(")")
     }

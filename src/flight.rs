@@ -98,12 +98,13 @@ impl Flight {
                 s.push_str(" nothing issued");
             }
             for e in ring.iter() {
+                let _ = write!(s, " [{} {}", e.fp.seq, e.fp.kind.name());
+                if let Some(bytes) = e.fp.bytes() {
+                    let _ = write!(s, " {bytes} bytes");
+                }
                 let _ = write!(
                     s,
-                    " [{} {} {} bytes, {} {:.3}s]",
-                    e.fp.seq,
-                    e.fp.kind.name(),
-                    e.fp.len.saturating_mul(e.fp.dtype.size()),
+                    ", {} {:.3}s]",
                     e.state.name(),
                     now.saturating_duration_since(e.since).as_secs_f64()
                 );

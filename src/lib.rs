@@ -42,6 +42,7 @@
 )]
 
 mod algo;
+mod collective;
 mod comm;
 mod compute;
 mod cost;

@@ -7,17 +7,18 @@
 //! each op's outcome to its `Work`; a failure is also recorded for the
 //! whole group, so that peers stop waiting at once.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
 use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
+use crate::collective::Collective;
 use crate::cost::{Algorithm, Tuning};
-use crate::device::{RankDevice, Ticket, lock};
+use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
-use crate::fingerprint::{Fingerprint, Kind};
+use crate::fingerprint::Fingerprint;
 use crate::flight::State;
 use crate::health::{Health, Waiter};
 use crate::op::ReduceOp;
@@ -27,22 +28,7 @@ use crate::transport::{Endpoint, Packet, Stager};
 use crate::work::WorkState;
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
-pub(crate) type SplitTable = Arc<Mutex<Option<Vec<(Option<u32>, usize)>>>>;
-
-/// Arguments some kinds need beyond tensors.
-pub(crate) enum Args {
-    None,
-    Root(usize),
-    Counts {
-        send: Vec<usize>,
-        recv: Vec<usize>,
-    },
-    Split {
-        color: Option<u32>,
-        key: usize,
-        table: SplitTable,
-    },
-}
+pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
 
 /// An op's output: the caller's tensor (in place), or a new one that the
 /// progress thread takes from the device's pool when the op starts. Taking
@@ -74,11 +60,19 @@ impl Output {
 
 /// One queued collective.
 pub(crate) struct Op {
+    pub what: Collective,
+    /// Derived from `what` when it was issued.
     pub fp: Fingerprint,
     pub inputs: Vec<Tensor>,
     pub outputs: Vec<Output>,
-    pub args: Args,
     pub state: Arc<WorkState>,
+}
+
+/// What running an op leaves: the submission that last writes its
+/// outputs, and split's table.
+struct Ran {
+    last: Ticket,
+    table: Option<SplitTable>,
 }
 
 /// The progress thread's state: everything it needs, nothing shared with
@@ -128,13 +122,13 @@ impl Progress {
                 state,
                 inputs,
                 outputs,
-                args,
+                what,
             } = op;
-            drop((inputs, outputs, args));
+            drop((inputs, outputs, what));
             match result {
-                Ok(last) => {
+                Ok(Ran { last, table }) => {
                     self.health.flight.record(self.rank, fp, State::Completed);
-                    state.put_outputs(outs);
+                    state.put_outputs(outs, table);
                     state.issued(last);
                     // Wakes futures and waiters once the device has run it.
                     let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
@@ -175,7 +169,7 @@ impl Progress {
         clippy::arithmetic_side_effects,
         reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
     )]
-    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<Ticket> {
+    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<Ran> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {
@@ -194,12 +188,12 @@ impl Progress {
         for o in &op.outputs {
             outs.push(o.tensor(&dev)?);
         }
-        let (reduce, finish) = match op.fp.op {
-            Some(o) if n > 1 => {
+        let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
+            (Some(o), Some(dtype)) if n > 1 => {
                 let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
                 (
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, 0)?),
-                    Some(dev.kernels.reducer(&dev, op.fp.dtype, o, divisor)?),
+                    Some(dev.kernels.reducer(&dev, dtype, o, 0)?),
+                    Some(dev.kernels.reducer(&dev, dtype, o, divisor)?),
                 )
             }
             _ => (None, None),
@@ -238,8 +232,9 @@ impl Progress {
         // Views the schedules cannot work on where they lie are staged.
         let staged = Staged::new(&mut p, &dev, &op.inputs, outs)?;
         let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
-        match (op.fp.kind, &op.args) {
-            (Kind::AllReduce, _) => {
+        let mut table = None;
+        match &op.what {
+            Collective::AllReduce { .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 // Out of place, the input is copied first and reduced in
                 // place. Reading it where it lies instead (a kernel writing
@@ -266,18 +261,18 @@ impl Progress {
                     ring::all_reduce(&mut p, words)?;
                 }
             }
-            (Kind::AllReduceCoalesced, _) => all_reduce_coalesced(&mut p, &dev, ins, outs)?,
-            (Kind::AllGather | Kind::AllGatherCoalesced, _) => {
+            Collective::AllReduceCoalesced { .. } => all_reduce_coalesced(&mut p, &dev, ins, outs)?,
+            Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
                 for (x, out) in ins.iter().zip(outs) {
                     all_gather(&mut p, &dev, x, out)?;
                 }
             }
-            (Kind::ReduceScatter | Kind::ReduceScatterCoalesced, _) => {
+            Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
                 for (x, out) in ins.iter().zip(outs) {
                     reduce_scatter(&mut p, &dev, x, out)?;
                 }
             }
-            (Kind::Broadcast, Args::Root(root)) => {
+            Collective::Broadcast { root, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 if r == *root && !x.same_view(out) {
                     p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
@@ -285,7 +280,7 @@ impl Progress {
                 p.buf = out.buffer().clone();
                 chain::broadcast(&mut p, *root, x.words())?;
             }
-            (Kind::Reduce, Args::Root(root)) => {
+            Collective::Reduce { root, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 if !x.same_view(out) {
                     p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
@@ -293,7 +288,7 @@ impl Progress {
                 p.buf = out.buffer().clone();
                 chain::reduce(&mut p, *root, x.words())?;
             }
-            (Kind::AllToAll, Args::Counts { send, recv }) => {
+            Collective::AllToAll { send, recv, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 p.buf = x.buffer().clone();
                 let elem = x.dtype().size();
@@ -307,26 +302,21 @@ impl Progress {
                     out.used_bytes() as usize,
                 )?;
             }
-            (Kind::Barrier, _) => ring::barrier(&mut p)?,
-            (Kind::Split, Args::Split { color, key, table }) => {
-                *lock(table) = Some(split_table(&mut p, *color, *key)?);
-            }
-            (kind, _) => {
-                return Err(p.w.device_error(format!(
-                    "internal error: {} queued without its arguments",
-                    kind.name()
-                )));
+            Collective::Barrier => ring::barrier(&mut p)?,
+            Collective::Split { color, key } => {
+                table = Some(split_table(&mut p, *color, *key)?);
             }
         }
         staged.copy_back(&mut p, &dev)?;
         let last = p.last.unwrap_or(first);
+        let ran = Ran { last, table };
         if profiling {
             if let Some(ts) = self.stamps.as_mut() {
                 self.counters.kernel_ns(ts.collect(&dev, op.fp.seq)?);
             }
             self.counters.collective();
         }
-        Ok(last)
+        Ok(ran)
     }
 }
 

@@ -17,6 +17,7 @@ use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::health::Health;
+use crate::progress::SplitTable;
 use crate::tensor::Tensor;
 
 #[derive(Clone)]
@@ -33,6 +34,8 @@ enum Phase {
 #[derive(Default)]
 struct Outputs {
     tensors: Vec<Tensor>,
+    /// Split's table of every rank's (color, key).
+    table: Option<SplitTable>,
     abandoned: bool,
 }
 
@@ -57,13 +60,14 @@ impl WorkState {
     /// Hands the finished op's outputs to its `Work` (before its phase
     /// says so); dropped at once when the `Work` is gone, so that their
     /// buffers go back to the pool for the next op.
-    pub(crate) fn put_outputs(&self, tensors: Vec<Tensor>) {
+    pub(crate) fn put_outputs(&self, tensors: Vec<Tensor>, table: Option<SplitTable>) {
         let mut o = lock(&self.outputs);
         if o.abandoned {
             drop(o);
             drop(tensors);
         } else {
             o.tensors = tensors;
+            o.table = table;
         }
     }
 
@@ -184,6 +188,18 @@ impl Work {
     pub fn wait_all(self) -> Result<Vec<Tensor>> {
         self.finish(None)?;
         Ok(self.state.take_outputs())
+    }
+
+    /// Waits for a split and returns its table of every rank's (color, key).
+    pub(crate) fn wait_split(self) -> Result<SplitTable> {
+        self.finish(None)?;
+        lock(&self.state.outputs).table.take().ok_or_else(|| {
+            Error::device(
+                self.rank,
+                Some(self.fp.seq),
+                format!("{} finished without the table of colors", self.fp),
+            )
+        })
     }
 
     /// Length and dtype of the first output (for async tensors).

@@ -1,0 +1,147 @@
+//! One description of a collective call, from which everything else about
+//! it is derived: the fingerprint ranks compare (`fingerprint.rs`), the
+//! flight record's line, the reductions it needs and the schedule the
+//! progress thread runs.
+//!
+//! Each variant carries exactly what its call has: a barrier has no dtype,
+//! an all_to_all has its counts (not a length), a split its color and key.
+
+use crate::fingerprint::{Fingerprint, Kind};
+use crate::op::ReduceOp;
+use crate::tensor::DType;
+
+/// One collective, as one rank called it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Collective {
+    AllReduce {
+        dtype: DType,
+        len: usize,
+        op: ReduceOp,
+    },
+    AllGather {
+        dtype: DType,
+        /// Elements each rank contributes.
+        len: usize,
+    },
+    ReduceScatter {
+        dtype: DType,
+        /// Elements of the input (n times the output's).
+        len: usize,
+        op: ReduceOp,
+    },
+    Broadcast {
+        dtype: DType,
+        len: usize,
+        root: usize,
+    },
+    Reduce {
+        dtype: DType,
+        len: usize,
+        op: ReduceOp,
+        root: usize,
+    },
+    /// Counts differ between ranks (what a sends b is what b receives from
+    /// a), so they are checked hop by hop, not in the fingerprint.
+    AllToAll {
+        dtype: DType,
+        send: Vec<usize>,
+        recv: Vec<usize>,
+    },
+    Barrier,
+    AllReduceCoalesced {
+        dtype: DType,
+        lens: Vec<usize>,
+        op: ReduceOp,
+    },
+    AllGatherCoalesced {
+        dtype: DType,
+        lens: Vec<usize>,
+    },
+    ReduceScatterCoalesced {
+        dtype: DType,
+        lens: Vec<usize>,
+        op: ReduceOp,
+    },
+    /// Color and key differ between ranks: they are what split exchanges.
+    Split {
+        color: Option<u32>,
+        key: usize,
+    },
+}
+
+impl Collective {
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Collective::AllReduce { .. } => Kind::AllReduce,
+            Collective::AllGather { .. } => Kind::AllGather,
+            Collective::ReduceScatter { .. } => Kind::ReduceScatter,
+            Collective::Broadcast { .. } => Kind::Broadcast,
+            Collective::Reduce { .. } => Kind::Reduce,
+            Collective::AllToAll { .. } => Kind::AllToAll,
+            Collective::Barrier => Kind::Barrier,
+            Collective::AllReduceCoalesced { .. } => Kind::AllReduceCoalesced,
+            Collective::AllGatherCoalesced { .. } => Kind::AllGatherCoalesced,
+            Collective::ReduceScatterCoalesced { .. } => Kind::ReduceScatterCoalesced,
+            Collective::Split { .. } => Kind::Split,
+        }
+    }
+
+    /// The element type of the tensors it moves.
+    pub(crate) fn dtype(&self) -> Option<DType> {
+        match self {
+            Collective::AllReduce { dtype, .. }
+            | Collective::AllGather { dtype, .. }
+            | Collective::ReduceScatter { dtype, .. }
+            | Collective::Broadcast { dtype, .. }
+            | Collective::Reduce { dtype, .. }
+            | Collective::AllToAll { dtype, .. }
+            | Collective::AllReduceCoalesced { dtype, .. }
+            | Collective::AllGatherCoalesced { dtype, .. }
+            | Collective::ReduceScatterCoalesced { dtype, .. } => Some(*dtype),
+            Collective::Barrier | Collective::Split { .. } => None,
+        }
+    }
+
+    /// The reduction it applies.
+    pub(crate) fn op(&self) -> Option<ReduceOp> {
+        match self {
+            Collective::AllReduce { op, .. }
+            | Collective::ReduceScatter { op, .. }
+            | Collective::Reduce { op, .. }
+            | Collective::AllReduceCoalesced { op, .. }
+            | Collective::ReduceScatterCoalesced { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+
+    /// What every rank's call must agree on, for the `seq`-th collective.
+    pub(crate) fn fingerprint(&self, seq: u64) -> Fingerprint {
+        let (len, root, shape) = match self {
+            Collective::AllReduce { len, .. }
+            | Collective::AllGather { len, .. }
+            | Collective::ReduceScatter { len, .. } => (Some(*len), None, 0),
+            Collective::Broadcast { len, root, .. } | Collective::Reduce { len, root, .. } => {
+                (Some(*len), Some(*root), 0)
+            }
+            Collective::AllReduceCoalesced { lens, .. }
+            | Collective::AllGatherCoalesced { lens, .. }
+            | Collective::ReduceScatterCoalesced { lens, .. } => (
+                Some(lens.iter().fold(0usize, |a, &l| a.saturating_add(l))),
+                None,
+                Fingerprint::shape_of(lens),
+            ),
+            Collective::AllToAll { .. } | Collective::Barrier | Collective::Split { .. } => {
+                (None, None, 0)
+            }
+        };
+        Fingerprint {
+            seq,
+            kind: self.kind(),
+            dtype: self.dtype(),
+            len,
+            op: self.op(),
+            root,
+            shape,
+        }
+    }
+}
