@@ -19,6 +19,27 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The engine opens to the framework around it: [`World::from_devices`]
+//! runs ranks on devices the user made, [`Communicator::wrap_buffer`]
+//! puts a user's own `wgpu::Buffer` into a collective with no copy, the
+//! `*_into` calls write where the user says, and collectives follow stream
+//! order on the rank's queue. From `examples/own_buffers.rs`:
+//!
+//! ```no_run
+//! # use wgpu_collectives::{Communicator, DType, Error, ReduceOp, wgpu};
+//! # fn fill_gradient(comm: &Communicator) -> wgpu::Buffer { unimplemented!() }
+//! # fn read_back(comm: &Communicator, b: &wgpu::Buffer) -> Vec<f32> { unimplemented!() }
+//! # fn rank(comm: &Communicator, len: usize) -> Result<Vec<f32>, Error> {
+//! // The rank's own kernel writes `grad`, submitted and not waited for.
+//! let grad: wgpu::Buffer = fill_gradient(comm);
+//! // All-reduced where it lies, after the fill in stream order.
+//! let view = comm.wrap_buffer(&grad, 0, DType::F32, len)?;
+//! comm.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
+//! // Read with the rank's own staging buffer.
+//! Ok(read_back(comm, &grad))
+//! # }
+//! ```
+//!
 //! Module map:
 //! - `world`: the ranks, adapter choice, SPMD threads.
 //! - `comm`: [`Communicator`], issue order, the per-communicator progress thread.
