@@ -26,7 +26,7 @@ use crate::op::ReduceOp;
 use crate::profile::{Counters, Profile};
 use crate::progress::{Op, Output, Progress};
 use crate::tensor::{DType, Element, Tensor};
-use crate::transport::{Endpoint, Stager};
+use crate::transport::{Stager, Transport};
 use crate::work::{Work, WorkState};
 
 struct Issuer {
@@ -60,7 +60,7 @@ struct Inner {
     size: usize,
     dev: Arc<RankDevice>,
     health: Arc<Health>,
-    endpoint: Arc<Endpoint>,
+    endpoint: Arc<dyn Transport>,
     timeout: Duration,
     issuer: Mutex<Issuer>,
     /// Ops queued or running on the progress thread.
@@ -108,13 +108,12 @@ impl Communicator {
         rank: usize,
         size: usize,
         dev: Arc<RankDevice>,
-        endpoint: Endpoint,
+        endpoint: Arc<dyn Transport>,
         health: Arc<Health>,
         timeout: Duration,
         tuning: Tuning,
     ) -> Result<Communicator> {
         let (tx, rx) = unbounded();
-        let endpoint = Arc::new(endpoint);
         let inflight = Arc::new(AtomicUsize::new(0));
         let counters = Arc::new(Counters::default());
         let thread = Progress {

@@ -10,16 +10,15 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::deadline::{Patience, Watch};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::flight::Flight;
-use crate::transport::{Endpoint, mesh};
-
-/// How long one slice of a blocking wait lasts before failures are rechecked.
-pub(crate) const TICK: Duration = Duration::from_millis(20);
+use crate::transport::Transport;
+use crate::transport::local::mesh;
 
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
@@ -37,7 +36,7 @@ pub(crate) struct Health {
 
 /// A group one `split` is forming: its links, and its shared record.
 struct Forming {
-    endpoints: Vec<Option<Endpoint>>,
+    endpoints: Vec<Option<Arc<dyn Transport>>>,
     health: Arc<Health>,
 }
 
@@ -71,7 +70,7 @@ impl Health {
         color: u32,
         parents: &[usize],
         me: usize,
-    ) -> Result<(Endpoint, Arc<Health>)> {
+    ) -> Result<(Arc<dyn Transport>, Arc<Health>)> {
         let mut forming = lock(&this.forming);
         let f = forming.entry((seq, color)).or_insert_with(|| Forming {
             endpoints: mesh(parents.len()).into_iter().map(Some).collect(),
@@ -173,35 +172,6 @@ impl Health {
             },
         })
     }
-
-    /// Repeats `attempt` (which may block at most the slice it is given)
-    /// until it yields a value, a peer fails, or `deadline` passes.
-    pub(crate) fn wait_loop<T>(
-        &self,
-        rank: usize,
-        seq: u64,
-        deadline: Instant,
-        what: impl Fn() -> String,
-        mut attempt: impl FnMut(Duration) -> Result<Option<T>>,
-    ) -> Result<T> {
-        let start = Instant::now();
-        loop {
-            self.check(rank, seq)?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    rank,
-                    seq,
-                    what: what(),
-                    after: now.saturating_duration_since(start),
-                    flight: self.flight.report(),
-                });
-            }
-            if let Some(v) = attempt(deadline.saturating_duration_since(now).min(TICK))? {
-                return Ok(v);
-            }
-        }
-    }
 }
 
 /// Blocking waits made on behalf of one collective on one rank: each lasts
@@ -217,18 +187,42 @@ pub(crate) struct Waiter<'a> {
 }
 
 impl Waiter<'_> {
-    /// Repeats `attempt` until it yields, see [`Health::wait_loop`].
+    /// The same waits, as the layers below see them (see `deadline::Watch`).
+    pub(crate) fn patience(&self) -> Patience<'_> {
+        Patience {
+            rank: self.rank,
+            seq: self.fp.seq,
+            timeout: self.timeout,
+            watch: self,
+        }
+    }
+
+    /// Repeats `attempt` until it yields, see [`Patience::until`].
     pub(crate) fn until<T>(
         &self,
         what: impl Fn() -> String,
         attempt: impl FnMut(Duration) -> Result<Option<T>>,
     ) -> Result<T> {
-        let deadline = crate::deadline::after(self.timeout);
-        self.health
-            .wait_loop(self.rank, self.fp.seq, deadline, what, attempt)
+        self.patience().until(what, attempt)
     }
 
     pub(crate) fn device_error(&self, what: String) -> Error {
         Error::device(self.rank, Some(self.fp.seq), what)
+    }
+}
+
+impl Watch for Waiter<'_> {
+    fn check(&self) -> Result<()> {
+        self.health.check(self.rank, self.fp.seq)
+    }
+
+    fn timed_out(&self, what: String, after: Duration) -> Error {
+        Error::Timeout {
+            rank: self.rank,
+            seq: self.fp.seq,
+            what,
+            after,
+            flight: self.health.flight.report(),
+        }
     }
 }

@@ -75,6 +75,7 @@ mod fingerprint;
 mod flight;
 pub mod graph;
 mod health;
+mod hop;
 mod kernels;
 mod op;
 mod profile;

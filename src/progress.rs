@@ -21,10 +21,11 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::flight::State;
 use crate::health::{Health, Waiter};
+use crate::hop;
 use crate::op::ReduceOp;
 use crate::profile::{Counters, Timestamps};
 use crate::tensor::{DType, Tensor};
-use crate::transport::{Endpoint, Packet, Stager};
+use crate::transport::{Body, Packet, Stager, Transport};
 use crate::work::WorkState;
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
@@ -81,7 +82,7 @@ pub(crate) struct Progress {
     pub rank: usize,
     pub size: usize,
     pub dev: Arc<RankDevice>,
-    pub endpoint: Arc<Endpoint>,
+    pub endpoint: Arc<dyn Transport>,
     pub health: Arc<Health>,
     pub stage: Stager,
     pub timeout: Duration,
@@ -183,7 +184,7 @@ impl Progress {
         // something else (or nothing) is caught here, on every rank, even
         // when one side would have sent no bytes at all.
         if n > 1 {
-            handshake(&self.endpoint, &waiter, n)?;
+            handshake(&*self.endpoint, &waiter, n)?;
         }
         for o in &op.outputs {
             outs.push(o.tensor(&dev)?);
@@ -215,7 +216,7 @@ impl Progress {
         };
         let mut p = Prims {
             w: waiter,
-            link: &self.endpoint,
+            link: &*self.endpoint,
             stage: &mut self.stage,
             buf,
             reduce,
@@ -402,19 +403,16 @@ impl Staged {
     clippy::arithmetic_side_effects,
     reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
 )]
-fn handshake(link: &Endpoint, w: &Waiter, n: usize) -> Result<()> {
+fn handshake(link: &dyn Transport, w: &Waiter, n: usize) -> Result<()> {
     let data = link.buffer();
-    link.post(
-        (w.rank + 1) % n,
-        Packet {
-            fp: w.fp,
-            from: w.rank,
-            data,
-            lent: None,
-        },
-    )?;
-    let p = link.take((w.rank + n - 1) % n, 0, w)?;
-    link.recycle(p.data);
+    let token = Packet {
+        fp: w.fp,
+        from: w.rank,
+        body: Body::Bytes(data),
+    };
+    hop::post(link, (w.rank + 1) % n, token, w)?;
+    let p = hop::take(link, (w.rank + n - 1) % n, 0, w)?;
+    hop::recycle(link, p);
     Ok(())
 }
 

@@ -14,7 +14,8 @@ use crate::cost::{Algorithm, CostModel, Tuning};
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
 use crate::health::Health;
-use crate::transport::mesh;
+use crate::transport::Transport;
+use crate::transport::local::mesh;
 
 /// Most ranks a world may have.
 pub const MAX_RANKS: usize = 64;
@@ -236,7 +237,23 @@ impl World {
         devices: Vec<Arc<RankDevice>>,
         config: &WorldConfig,
     ) -> Result<World> {
+        Self::assemble_on(instance, devices, mesh(config.ranks), config)
+    }
+
+    /// A world whose rank r talks through `links[r]`.
+    fn assemble_on(
+        instance: Option<wgpu::Instance>,
+        devices: Vec<Arc<RankDevice>>,
+        links: Vec<Arc<dyn Transport>>,
+        config: &WorldConfig,
+    ) -> Result<World> {
         let n = devices.len();
+        if links.len() != n {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!("{} links for {n} ranks", links.len()),
+            });
+        }
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
             rank: None,
             what: "a world needs at least one rank".into(),
@@ -248,7 +265,7 @@ impl World {
         };
         let health = Health::new(n);
         let infos = devices.iter().map(|d| d.info.clone()).collect();
-        let comms = mesh(n)
+        let comms = links
             .into_iter()
             .zip(devices)
             .enumerate()
@@ -468,4 +485,109 @@ fn find_adapters(config: &WorldConfig) -> Result<(wgpu::Instance, Vec<wgpu::Adap
         });
     }
     Ok((instance, all))
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::expect_used,
+    clippy::arithmetic_side_effects,
+    reason = "a test: a failed expectation is a failed test, and its sizes are small"
+)]
+mod tests {
+    //! The transport seam: the schedules run unchanged over a backend that
+    //! cannot lend buffers (as one between processes could not), and give
+    //! the same bits as over the in-process one.
+    use super::*;
+    use crate::ReduceOp;
+    use crate::transport::Packet;
+
+    /// The in-process links, as a backend without loans: every hop's bytes
+    /// travel in the packet.
+    struct NoLoans(Arc<dyn Transport>);
+
+    impl Transport for NoLoans {
+        fn send(
+            &self,
+            peer: usize,
+            p: Packet,
+        ) -> std::result::Result<(), crate::transport::Closed> {
+            self.0.send(peer, p)
+        }
+        fn recv(
+            &self,
+            peer: usize,
+            limit: Duration,
+        ) -> std::result::Result<Option<Packet>, crate::transport::Closed> {
+            self.0.recv(peer, limit)
+        }
+        fn carries_loans(&self) -> bool {
+            false
+        }
+        fn drain(&self) {
+            self.0.drain();
+        }
+        fn buffer(&self) -> Vec<u8> {
+            self.0.buffer()
+        }
+        fn recycle(&self, bytes: Vec<u8>) {
+            self.0.recycle(bytes);
+        }
+    }
+
+    fn world(n: usize, loans: bool) -> World {
+        let config = WorldConfig::new(n);
+        let (instance, adapters) = find_adapters(&config).expect("an adapter");
+        let wants = Wants {
+            features: wgpu::Features::empty(),
+            limits: None,
+        };
+        let devices = (0..n)
+            .map(|r| RankDevice::new(r, &adapters[r % adapters.len()], config.timeout, &wants))
+            .collect::<Result<Vec<_>>>()
+            .expect("devices");
+        let links = mesh(n)
+            .into_iter()
+            .map(|l| {
+                if loans {
+                    l
+                } else {
+                    Arc::new(NoLoans(l)) as Arc<dyn Transport>
+                }
+            })
+            .collect();
+        World::assemble_on(Some(instance), devices, links, &config).expect("a world")
+    }
+
+    #[test]
+    fn schedules_give_the_same_bits_over_either_backend() {
+        let len = 300_001; // several slices, an odd tail
+        let run = |w: &World| {
+            w.run(|c| -> Result<Vec<Vec<f32>>> {
+                let x: Vec<f32> = (0..len)
+                    .map(|i| ((i * 7 + c.rank() * 13) % 101) as f32 * 0.37)
+                    .collect();
+                let t = c.tensor(&x)?;
+                Ok(vec![
+                    c.all_reduce(&t, ReduceOp::Sum)?.wait()?.to_vec()?,
+                    c.all_gather(&t)?.wait()?.to_vec()?,
+                    c.broadcast(&t, 1)?.wait()?.to_vec()?,
+                ])
+            })
+            .expect("the run")
+        };
+        let (lent, copied) = (run(&world(3, true)), run(&world(3, false)));
+        for (r, (a, b)) in lent.into_iter().zip(copied).enumerate() {
+            let (a, b) = (a.expect("over loans"), b.expect("over copies"));
+            for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+                let same =
+                    x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "rank {r}, collective {k}: the backends disagree");
+            }
+            // And against a reference where order cannot matter: the gather.
+            let want: Vec<f32> = (0..3)
+                .flat_map(|q| (0..len).map(move |i| ((i * 7 + q * 13) % 101) as f32 * 0.37))
+                .collect();
+            assert_eq!(b[1], want, "rank {r}: all_gather over copies");
+        }
+    }
 }

@@ -22,9 +22,10 @@ use std::time::Instant;
 use crate::device::Ticket;
 use crate::error::Result;
 use crate::health::Waiter;
+use crate::hop;
 use crate::kernels::Reducer;
 use crate::profile::{Counters, Timestamps};
-use crate::transport::{Endpoint, Lent, Packet, Stager};
+use crate::transport::{Body, Loan, Packet, Stager, Transport};
 
 /// A contiguous range of 32-bit words of the working buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,7 @@ const SLICE_BYTES: u64 = 1 << 20;
 /// Primitive steps of one collective on one rank.
 pub(crate) struct Prims<'a> {
     pub w: Waiter<'a>,
-    pub link: &'a Endpoint,
+    pub link: &'a dyn Transport,
     pub stage: &'a mut Stager,
     /// The working buffer the ring steps read and write.
     pub buf: wgpu::Buffer,
@@ -115,13 +116,19 @@ impl<'a> Prims<'a> {
         Ok(t)
     }
 
-    fn packet(&self, data: Vec<u8>) -> Packet {
+    fn packet(&self, body: Body) -> Packet {
         Packet {
             fp: self.w.fp,
             from: self.w.rank,
-            data,
-            lent: None,
+            body,
         }
+    }
+
+    /// Whether ring steps lend their read-back buffers: where the
+    /// transport carries loans and kernels read upload buffers directly
+    /// (see `transport/local.rs`).
+    fn lends(&self) -> bool {
+        self.link.carries_loans() && self.stage.lends()
     }
 
     /// Sends `span` of the buffer to the next rank, after the steps
@@ -129,22 +136,20 @@ impl<'a> Prims<'a> {
     /// packet.
     fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
         let next = self.next();
-        if !self.stage.lends() {
+        if !self.lends() {
             let mut data = self.link.buffer();
             self.download(enc, span, &mut data)?;
-            return self.link.post(next, self.packet(data));
+            return hop::post(self.link, next, self.packet(Body::Bytes(data)), &self.w);
         }
         let t = Instant::now();
         let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
         self.stage
-            .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w)?;
+            .encode_lend(&mut enc, &buf, span.offset(), bytes, &self.w.patience())?;
         let idx = self.submit(enc)?;
-        let lent: Lent = self.stage.finish_lend(bytes, idx, &self.w)?;
+        let loan: Loan = self.stage.finish_lend(bytes, idx, &self.w.patience())?;
         self.last = Some(idx);
         self.took_move(t);
-        let mut p = self.packet(Vec::new());
-        p.lent = Some(lent);
-        self.link.post(next, p)
+        hop::post(self.link, next, self.packet(Body::Loan(loan)), &self.w)
     }
 
     /// Copies `bytes` from `src[src_off..]` to `dst[dst_off..]` on the
@@ -175,10 +180,16 @@ impl<'a> Prims<'a> {
     ) -> Result<()> {
         let t = Instant::now();
         let buf = self.buf.clone();
-        self.stage
-            .encode_download(&mut enc, &buf, span.offset(), span.bytes() as u64, &self.w)?;
+        self.stage.encode_download(
+            &mut enc,
+            &buf,
+            span.offset(),
+            span.bytes() as u64,
+            &self.w.patience(),
+        )?;
         let idx = self.submit(enc)?;
-        self.stage.finish_download(span.bytes(), data, &self.w)?;
+        self.stage
+            .finish_download(span.bytes(), data, &self.w.patience())?;
         self.last = Some(idx);
         self.took_move(t);
         Ok(())
@@ -199,7 +210,7 @@ impl<'a> Prims<'a> {
     /// Receives a packet from `peer`, timing the wait.
     fn take_packet(&self, peer: usize, bytes: usize) -> Result<Packet> {
         let t = Instant::now();
-        let p = self.link.take(peer, bytes, &self.w);
+        let p = hop::take(self.link, peer, bytes, &self.w);
         self.took_wait(t);
         p
     }
@@ -227,14 +238,14 @@ impl<'a> Prims<'a> {
         p: &Packet,
         reducer: Option<&Reducer>,
     ) -> Result<()> {
-        match &p.lent {
-            Some(lent) => {
+        match &p.body {
+            Body::Loan(loan) => {
                 let t = Instant::now();
-                let view = lent.view(&self.w)?;
+                let view = hop::read_loan(loan, p.from, &self.w)?;
                 self.took_wait(t);
                 self.absorb(enc, span, &view, reducer)
             }
-            None => self.absorb(enc, span, &p.data, reducer),
+            Body::Bytes(data) => self.absorb(enc, span, data, reducer),
         }
     }
 
@@ -251,11 +262,13 @@ impl<'a> Prims<'a> {
         let buf = self.buf.clone();
         let Some(r) = reducer else {
             self.stage
-                .encode_upload(enc, data, &buf, span.offset(), &self.w)?;
+                .encode_upload(enc, data, &buf, span.offset(), &self.w.patience())?;
             self.took_move(t);
             return Ok(());
         };
-        let src = self.stage.encode_upload_for_kernel(enc, data, &self.w)?;
+        let src = self
+            .stage
+            .encode_upload_for_kernel(enc, data, &self.w.patience())?;
         self.took_move(t);
         let stamps = self.stamp()?;
         let bytes = span.bytes() as u64;
@@ -288,8 +301,7 @@ impl<'a> Prims<'a> {
         self.absorb_packet(&mut enc, span, &p, Some(&r))?;
         // Let go of the bytes (a lent buffer goes back to its owner)
         // before waiting for anything of our own.
-        self.link.recycle(p.data);
-        drop(p.lent);
+        hop::recycle(self.link, p);
         if !forward {
             self.last = Some(self.submit(enc)?);
             return Ok(());
@@ -320,7 +332,7 @@ impl<'a> Prims<'a> {
         if let Some(mut p) = self.recv_store(span)? {
             p.from = self.w.rank;
             let next = self.next();
-            self.link.post(next, p)?;
+            hop::post(self.link, next, p, &self.w)?;
         }
         Ok(())
     }
@@ -328,7 +340,7 @@ impl<'a> Prims<'a> {
     /// Receives the final value of `span` and stores it.
     pub(crate) fn recv(&mut self, span: Span) -> Result<()> {
         if let Some(p) = self.recv_store(span)? {
-            self.link.recycle(p.data);
+            hop::recycle(self.link, p);
         }
         Ok(())
     }
@@ -402,26 +414,34 @@ impl<'a> Prims<'a> {
     /// rank's: after n-1 of these every rank has heard from every other.
     pub(crate) fn relay(&mut self) -> Result<()> {
         let data = self.link.buffer();
-        self.link.post(self.next(), self.packet(data))?;
+        hop::post(
+            self.link,
+            self.next(),
+            self.packet(Body::Bytes(data)),
+            &self.w,
+        )?;
         let p = self.take_packet(self.prev(), 0)?;
-        self.link.recycle(p.data);
+        hop::recycle(self.link, p);
         Ok(())
     }
 
     /// Sends `data` to `peer` (point to point).
     pub(crate) fn post(&mut self, peer: usize, data: Vec<u8>) -> Result<()> {
-        let p = self.packet(data);
-        self.link.post(peer, p)
+        let p = self.packet(Body::Bytes(data));
+        hop::post(self.link, peer, p, &self.w)
     }
 
     /// Receives `bytes` bytes from `peer` (point to point).
     pub(crate) fn take(&mut self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
-        let mut p = self.take_packet(peer, bytes)?;
-        if let Some(lent) = p.lent.take() {
-            p.data.clear();
-            p.data.extend_from_slice(&lent.view(&self.w)?);
+        let p = self.take_packet(peer, bytes)?;
+        match p.body {
+            Body::Bytes(data) => Ok(data),
+            Body::Loan(loan) => {
+                let mut data = self.link.buffer();
+                data.extend_from_slice(&hop::read_loan(&loan, p.from, &self.w)?);
+                Ok(data)
+            }
         }
-        Ok(p.data)
     }
 
     /// Gives a received buffer back to the packet pool.

@@ -1,247 +1,23 @@
-//! Moving slices between ranks.
+//! The device side of a host hop: the mapped buffers a slice goes through
+//! on its way off a device (read-back, or lent in place) and onto one
+//! (upload), made once per communicator and reused, so that in steady
+//! state a collective allocates nothing.
 //!
-//! wgpu has no peer-to-peer between devices, so every hop goes through host
-//! memory: the sender copies a slice of its buffer into a mapped read-back
-//! buffer and into a [`Packet`]; the receiver writes the packet into a
-//! mapped upload buffer and copies it on its device. The hop itself is the
-//! narrow seam [`Endpoint::post`] / [`Endpoint::take`]: today an in-process
-//! channel, later (ranks in several processes) an MPI message, with nothing
-//! above this module knowing which.
-//!
-//! Ranks in one process can do with one host copy per hop instead of two:
-//! the sender *lends* its mapped read-back buffer ([`Lent`]) and the
-//! receiver copies straight out of it into its own upload buffer. A lent
-//! buffer is reused only when every holder has dropped its handle, and a
-//! receiver that forwards the same bytes (the all-gather half of a ring)
-//! passes the handle on rather than copying again. Ring steps lend on
-//! adapters whose upload buffers kernels read directly (CPU and integrated
-//! GPUs), where the host copies are what a hop costs.
-//!
-//! A buffer is lent as soon as the copy into it is submitted, not when it
-//! lands: the borrower waits for the sender's fence (its map callback)
-//! when it reads. So the sender's progress thread never blocks on its own
-//! device in a ring step; it goes on to the next slice (receiving it,
-//! copying it to its upload buffer) while its device still reduces and
-//! copies this one. That is the pipelining of NCCL's slices, with the
-//! fence wait moved to the one rank that needs the bytes.
-//!
-//! Packets are recycled through a pool shared by the group, so in steady
-//! state a collective allocates no host memory; device staging buffers are
-//! made once per communicator and reused.
+//! wgpu has no peer-to-peer between devices, so a hop between two devices
+//! goes through host memory: the sender copies a slice into a mapped
+//! read-back buffer (or lends it, see `local.rs`); the receiver writes the
+//! bytes into a mapped upload buffer and copies them on its device. On
+//! adapters whose device memory is host memory (CPU and integrated GPUs),
+//! kernels read the upload buffer directly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
-use crossbeam::queue::ArrayQueue;
-
+use crate::deadline::Patience;
 use crate::device::{RankDevice, Signal, Ticket};
-use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::health::Waiter;
+use crate::error::Result;
 
-/// One slice in flight from one rank to another, with the sender's view of
-/// which collective it belongs to. The bytes are `data`, or the lent
-/// buffer when there is one.
-pub(crate) struct Packet {
-    pub fp: Fingerprint,
-    pub from: usize,
-    pub data: Vec<u8>,
-    pub lent: Option<Lent>,
-}
-
-impl Packet {
-    fn len(&self) -> usize {
-        self.lent
-            .as_ref()
-            .map_or(self.data.len(), |l| l.bytes as usize)
-    }
-}
-
-/// A read-back buffer of another rank, lent for reading its first `bytes`
-/// once the owner's submission `filled` has landed them and mapped it. Its
-/// owner reuses it only once every `Lent` of it is gone.
-#[derive(Clone)]
-pub(crate) struct Lent {
-    buf: wgpu::Buffer,
-    bytes: u64,
-    _hold: Arc<()>,
-    /// The map state, set by the map callback.
-    state: Arc<AtomicU8>,
-    owner: Arc<RankDevice>,
-    /// The owner's rank in the communicator.
-    owner_rank: usize,
-    filled: Ticket,
-}
-
-impl Lent {
-    /// The lent bytes, once they have landed (polling the owner's device
-    /// until they have). Should the owner's device fail, the owner may be
-    /// waiting on someone else and never see it: the failure is recorded
-    /// as the owner's, for the whole group (and this rank reports
-    /// `PeerFailed`, naming it).
-    pub(crate) fn view(&self, w: &Waiter) -> Result<wgpu::BufferView> {
-        let owner = self.owner_rank;
-        let failed = |why: String| -> Result<Option<()>> {
-            let what = format!(
-                "its device failed to fill a slice it lent to rank {}: {why}",
-                w.rank
-            );
-            w.health
-                .fail(owner, Error::device(owner, Some(w.fp.seq), what));
-            w.health.check(w.rank, w.fp.seq)?;
-            Ok(None)
-        };
-        w.until(
-            || format!("rank {owner}'s device to finish a slice of {}", w.fp),
-            |tick| {
-                let seen = self.owner.generation();
-                match self.state.load(Ordering::Acquire) {
-                    MAP_READY => Ok(Some(())),
-                    MAP_FAILED => failed("mapping it failed".into()),
-                    // Filled: the map callback is on its way.
-                    _ if self.owner.is_done(self.filled) => {
-                        self.owner.wait_change(seen, tick);
-                        Ok(None)
-                    }
-                    _ => match self.owner.wait_quietly(self.filled, tick) {
-                        Err(e) => failed(e),
-                        Ok(_) => Ok(None),
-                    },
-                }
-            },
-        )?;
-        // The owner's device may be lost between the map and this read
-        // (it finished its own part and went on): that is the owner's
-        // failure too, not this rank's.
-        self.buf.get_mapped_range(..self.bytes).or_else(|e| {
-            failed(format!("reading it failed: {e}"))?;
-            Err(w.device_error(format!("reading a lent buffer: {e}")))
-        })
-    }
-}
-
-/// One rank's ends of the links to every other rank of a group.
-pub(crate) struct Endpoint {
-    rank: usize,
-    to: Vec<Sender<Packet>>,
-    from: Vec<Receiver<Packet>>,
-    pool: Arc<ArrayQueue<Vec<u8>>>,
-}
-
-/// Links between every pair of `n` ranks; entry `r` is rank `r`'s endpoint.
-pub(crate) fn mesh(n: usize) -> Vec<Endpoint> {
-    let pool = Arc::new(ArrayQueue::new(
-        n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
-    ));
-    // links[a][b]: a -> b
-    let links: Vec<Vec<(Sender<Packet>, Receiver<Packet>)>> = (0..n)
-        .map(|_| (0..n).map(|_| unbounded()).collect())
-        .collect();
-    (0..n)
-        .map(|r| Endpoint {
-            rank: r,
-            to: (0..n).map(|p| links[r][p].0.clone()).collect(),
-            from: (0..n).map(|p| links[p][r].1.clone()).collect(),
-            pool: pool.clone(),
-        })
-        .collect()
-}
-
-impl Endpoint {
-    /// Sends `packet` to `peer` without blocking.
-    pub(crate) fn post(&self, peer: usize, packet: Packet) -> Result<()> {
-        self.to[peer].send(packet).map_err(|_| Error::PeerFailed {
-            rank: self.rank,
-            seq: 0,
-            peer,
-            reason: "its endpoint is gone".into(),
-        })
-    }
-
-    /// Receives the next packet from `peer`, checking that it belongs to the
-    /// collective `w` is running and carries `bytes` bytes.
-    pub(crate) fn take(&self, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
-        let rx = &self.from[peer];
-        let p = w.until(
-            || match bytes {
-                0 => format!("rank {peer} to join {}", w.fp),
-                _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
-            },
-            |tick| match rx.recv_timeout(tick) {
-                Ok(p) => Ok(Some(p)),
-                Err(RecvTimeoutError::Timeout) if w.health.is_gone(peer) => match rx.try_recv() {
-                    Ok(p) => Ok(Some(p)),
-                    // A peer that left after a failure is reported with that
-                    // failure (recorded before it left), not as a departure.
-                    Err(_) => w
-                        .health
-                        .check(self.rank, w.fp.seq)
-                        .and(Err(Error::PeerFailed {
-                            rank: self.rank,
-                            seq: w.fp.seq,
-                            peer,
-                            reason: format!(
-                                "rank {peer} returned from its closure without issuing {}",
-                                w.fp
-                            ),
-                        })),
-                },
-                Err(RecvTimeoutError::Timeout) => Ok(None),
-                Err(RecvTimeoutError::Disconnected) => Err(Error::PeerFailed {
-                    rank: self.rank,
-                    seq: w.fp.seq,
-                    peer,
-                    reason: "its endpoint is gone".into(),
-                }),
-            },
-        )?;
-        let (ours, theirs) = if p.fp != w.fp {
-            (w.fp.to_string(), p.fp.to_string())
-        } else {
-            // Same collective, different schedule: only a bug would get here.
-            (
-                format!("{} expecting {bytes} bytes", w.fp),
-                format!("{} sending {} bytes", p.fp, p.len()),
-            )
-        };
-        if p.fp != w.fp || p.len() != bytes {
-            return Err(Error::Mismatch {
-                rank: self.rank,
-                seq: w.fp.seq,
-                ours,
-                peer: p.from,
-                theirs,
-            });
-        }
-        Ok(p)
-    }
-
-    /// An empty host buffer from the pool.
-    pub(crate) fn buffer(&self) -> Vec<u8> {
-        let mut v = self.pool.pop().unwrap_or_default();
-        v.clear();
-        v
-    }
-
-    /// Returns a packet's buffer to the pool.
-    pub(crate) fn recycle(&self, v: Vec<u8>) {
-        let _ = self.pool.push(v);
-    }
-
-    /// Drops packets left over from an earlier, failed run.
-    pub(crate) fn drain(&self) {
-        for rx in &self.from {
-            while let Ok(p) = rx.try_recv() {
-                self.recycle(p.data);
-            }
-        }
-    }
-}
-
-const MAP_PENDING: u8 = 0;
-const MAP_READY: u8 = 1;
-const MAP_FAILED: u8 = 2;
+use super::local::{Loan, MAP_FAILED, MAP_PENDING, MAP_READY};
 
 /// A mappable staging buffer and the state of its last map request.
 struct Staging {
@@ -282,24 +58,24 @@ impl Staging {
     }
 
     /// Waits until the map asked for by `arm` has happened.
-    fn mapped(&self, w: &Waiter, what: &str) -> Result<()> {
-        w.until(
-            || format!("the {what} buffer to be mapped for {}", w.fp),
+    fn mapped(&self, dev: &RankDevice, p: &Patience, what: &str) -> Result<()> {
+        p.until(
+            || format!("the {what} buffer to be mapped for #{}", p.seq),
             |tick| {
-                let seen = w.dev.generation();
+                let seen = dev.generation();
                 match self.state.load(Ordering::Acquire) {
                     MAP_READY => Ok(Some(())),
-                    MAP_FAILED => Err(w.device_error(format!("mapping the {what} buffer failed"))),
+                    MAP_FAILED => Err(p.device_error(format!("mapping the {what} buffer failed"))),
                     _ => {
                         // Reports the device's faults; else waits for the
                         // submission, then for its map callback.
                         match self.last_use {
-                            Some(t) if !w.dev.is_done(t) => {
-                                w.dev.poll_for(t, tick, Some(w.fp.seq))?;
+                            Some(t) if !dev.is_done(t) => {
+                                dev.poll_for(t, tick, Some(p.seq))?;
                             }
                             _ => {
-                                w.dev.check(Some(w.fp.seq))?;
-                                w.dev.wait_change(seen, tick);
+                                dev.check(Some(p.seq))?;
+                                dev.wait_change(seen, tick);
                             }
                         }
                         Ok(None)
@@ -461,12 +237,12 @@ impl Stager {
         src: &wgpu::Buffer,
         off: u64,
         bytes: u64,
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<()> {
         let rb = self
             .readback
             .as_mut()
-            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+            .ok_or_else(|| p.device_error("staging used before reserve".into()))?;
         enc.copy_buffer_to_buffer(src, off, &rb.buf, 0, bytes);
         rb.arm(enc, wgpu::MapMode::Read);
         self.readback_armed = true;
@@ -481,15 +257,15 @@ impl Stager {
         src: &wgpu::Buffer,
         off: u64,
         bytes: u64,
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<()> {
         let i = self.next_lend;
         let slot = self
             .lends
             .get_mut(i)
-            .ok_or_else(|| w.device_error("lending before reserve".into()))?;
-        w.until(
-            || format!("the next rank to let go of a lent buffer of {}", w.fp),
+            .ok_or_else(|| p.device_error("lending before reserve".into()))?;
+        p.until(
+            || format!("the next rank to let go of a lent buffer of #{}", p.seq),
             |tick| {
                 if Arc::strong_count(&slot.hold) == 1 {
                     // Pairs with the release of the borrowers' drops.
@@ -503,7 +279,7 @@ impl Stager {
         // Its borrowers waited for the map; this only waits when one
         // dropped it unread (a failure).
         if slot.staging.last_use.is_some() {
-            slot.staging.mapped(w, "lent")?;
+            slot.staging.mapped(&self.dev, p, "lent")?;
             slot.staging.buf.unmap();
         }
         enc.copy_buffer_to_buffer(src, off, &slot.staging.buf, 0, bytes);
@@ -517,7 +293,7 @@ impl Stager {
     }
 
     /// After the lending submission `filled`: the handle to post, at once.
-    pub(crate) fn finish_lend(&mut self, bytes: u64, filled: Ticket, w: &Waiter) -> Result<Lent> {
+    pub(crate) fn finish_lend(&mut self, bytes: u64, filled: Ticket, p: &Patience) -> Result<Loan> {
         // The slot `encode_lend` just used.
         let i = self
             .next_lend
@@ -526,14 +302,13 @@ impl Stager {
         let slot = self
             .lends
             .get(i)
-            .ok_or_else(|| w.device_error("lending before reserve".into()))?;
-        Ok(Lent {
+            .ok_or_else(|| p.device_error("lending before reserve".into()))?;
+        Ok(Loan {
             buf: slot.staging.buf.clone(),
             bytes,
             _hold: slot.hold.clone(),
             state: slot.staging.state.clone(),
             owner: self.dev.clone(),
-            owner_rank: w.rank,
             filled,
         })
     }
@@ -543,18 +318,18 @@ impl Stager {
         &mut self,
         bytes: usize,
         out: &mut Vec<u8>,
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<()> {
         let rb = self
             .readback
             .as_ref()
-            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
-        rb.mapped(w, "read-back")?;
+            .ok_or_else(|| p.device_error("staging used before reserve".into()))?;
+        rb.mapped(&self.dev, p, "read-back")?;
         {
             let view = rb
                 .buf
                 .get_mapped_range(..bytes as u64)
-                .map_err(|e| w.device_error(format!("read-back view: {e}")))?;
+                .map_err(|e| p.device_error(format!("read-back view: {e}")))?;
             out.extend_from_slice(&view);
         }
         rb.buf.unmap();
@@ -569,9 +344,9 @@ impl Stager {
         data: &[u8],
         dst: &wgpu::Buffer,
         dst_off: u64,
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<()> {
-        let src = self.fill_upload(enc, data, w)?;
+        let src = self.fill_upload(enc, data, p)?;
         enc.copy_buffer_to_buffer(&src, 0, dst, dst_off, data.len() as u64);
         Ok(())
     }
@@ -583,16 +358,16 @@ impl Stager {
         &mut self,
         enc: &mut wgpu::CommandEncoder,
         data: &[u8],
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<wgpu::Buffer> {
-        let src = self.fill_upload(enc, data, w)?;
+        let src = self.fill_upload(enc, data, p)?;
         if self.dev.unified {
             return Ok(src);
         }
         let scratch = self
             .scratch
             .clone()
-            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
+            .ok_or_else(|| p.device_error("staging used before reserve".into()))?;
         enc.copy_buffer_to_buffer(&src, 0, &scratch, 0, data.len() as u64);
         Ok(scratch)
     }
@@ -603,19 +378,19 @@ impl Stager {
         &mut self,
         enc: &wgpu::CommandEncoder,
         data: &[u8],
-        w: &Waiter,
+        p: &Patience,
     ) -> Result<wgpu::Buffer> {
         let i = self.next_upload;
         let slot = self
             .uploads
             .get(i)
-            .ok_or_else(|| w.device_error("staging used before reserve".into()))?;
-        slot.mapped(w, "upload")?;
+            .ok_or_else(|| p.device_error("staging used before reserve".into()))?;
+        slot.mapped(&self.dev, p, "upload")?;
         {
             let mut view = slot
                 .buf
                 .get_mapped_range_mut(..data.len() as u64)
-                .map_err(|e| w.device_error(format!("upload view: {e}")))?;
+                .map_err(|e| p.device_error(format!("upload view: {e}")))?;
             view.copy_from_slice(data);
         }
         slot.buf.unmap();

@@ -1,0 +1,107 @@
+//! A hop as the runtime sees it: a transport's send and receive, plus what
+//! the transport does not know. A receive is a bounded wait that fails
+//! within a tick when a peer fails or has left, and checks that the packet
+//! belongs to the collective this rank is running (fingerprint) and
+//! carries the bytes the schedule expects. A lent buffer that its owner's
+//! device failed to fill is the owner's failure, recorded for the group.
+
+use crate::error::{Error, Result};
+use crate::health::Waiter;
+use crate::transport::local::LoanError;
+use crate::transport::{Body, Loan, Packet, Transport};
+
+/// Sends `packet` to `peer` without blocking.
+pub(crate) fn post(link: &dyn Transport, peer: usize, packet: Packet, w: &Waiter) -> Result<()> {
+    link.send(peer, packet).map_err(|_| Error::PeerFailed {
+        rank: w.rank,
+        seq: w.fp.seq,
+        peer,
+        reason: "its end of the link is gone".into(),
+    })
+}
+
+/// Receives the next packet from `peer`, checking that it belongs to the
+/// collective `w` is running and carries `bytes` bytes.
+pub(crate) fn take(link: &dyn Transport, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
+    let gone = || Error::PeerFailed {
+        rank: w.rank,
+        seq: w.fp.seq,
+        peer,
+        reason: "its end of the link is gone".into(),
+    };
+    let p = w.until(
+        || match bytes {
+            0 => format!("rank {peer} to join {}", w.fp),
+            _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
+        },
+        |tick| match link.recv(peer, tick) {
+            Ok(Some(p)) => Ok(Some(p)),
+            Ok(None) if w.health.is_gone(peer) => {
+                match link.recv(peer, std::time::Duration::ZERO) {
+                    Ok(Some(p)) => Ok(Some(p)),
+                    Err(_) => Err(gone()),
+                    // A peer that left after a failure is reported with that
+                    // failure (recorded before it left), not as a departure.
+                    Ok(None) => w.health.check(w.rank, w.fp.seq).and(Err(Error::PeerFailed {
+                        rank: w.rank,
+                        seq: w.fp.seq,
+                        peer,
+                        reason: format!(
+                            "rank {peer} returned from its closure without issuing {}",
+                            w.fp
+                        ),
+                    })),
+                }
+            }
+            Ok(None) => Ok(None),
+            Err(_) => Err(gone()),
+        },
+    )?;
+    if p.fp != w.fp || p.len() != bytes {
+        let (ours, theirs) = if p.fp != w.fp {
+            (w.fp.to_string(), p.fp.to_string())
+        } else {
+            // Same collective, different schedule: only a bug would get here.
+            (
+                format!("{} expecting {bytes} bytes", w.fp),
+                format!("{} sending {} bytes", p.fp, p.len()),
+            )
+        };
+        return Err(Error::Mismatch {
+            rank: w.rank,
+            seq: w.fp.seq,
+            ours,
+            peer: p.from,
+            theirs,
+        });
+    }
+    Ok(p)
+}
+
+/// The bytes of a loan from `owner`, once they have landed. Should the
+/// owner's device fail, the owner may be waiting on someone else and
+/// never see it: the failure is recorded as the owner's, for the whole
+/// group, and this rank reports `PeerFailed`, naming it.
+pub(crate) fn read_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<wgpu::BufferView> {
+    loan.read(&w.patience()).or_else(|e| match e {
+        LoanError::Wait(e) => Err(e),
+        LoanError::Owner(why) => {
+            let what = format!(
+                "its device failed to fill a slice it lent to rank {}: {why}",
+                w.rank
+            );
+            w.health
+                .fail(owner, Error::device(owner, Some(w.fp.seq), what));
+            w.health.check(w.rank, w.fp.seq)?;
+            Err(w.device_error(format!("reading a buffer lent by rank {owner}: {why}")))
+        }
+    })
+}
+
+/// Gives a packet's bytes back to the pool (a loan goes back to its owner
+/// when dropped).
+pub(crate) fn recycle(link: &dyn Transport, p: Packet) {
+    if let Body::Bytes(b) = p.body {
+        link.recycle(b);
+    }
+}

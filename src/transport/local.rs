@@ -1,0 +1,178 @@
+//! The in-process backend: a channel per ordered pair of ranks, a packet
+//! pool shared by the group, and loans.
+//!
+//! A loan is one host copy per hop instead of two: the sender lends its
+//! mapped read-back buffer and the receiver copies straight out of it into
+//! its own upload buffer. A lent buffer is reused only when every holder
+//! has dropped its handle, and a receiver that forwards the same bytes
+//! (the all-gather half of a ring) passes the handle on rather than
+//! copying again.
+//!
+//! A buffer is lent as soon as the copy into it is submitted, not when it
+//! lands: the borrower waits for the sender's fence (its map callback)
+//! when it reads. So the sender's progress thread never blocks on its own
+//! device in a ring step; it goes on to the next slice while its device
+//! still reduces and copies this one. That is the pipelining of NCCL's
+//! slices, with the fence wait moved to the one rank that needs the bytes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam::queue::ArrayQueue;
+
+use crate::deadline::Patience;
+use crate::device::{RankDevice, Ticket};
+use crate::error::Error;
+
+use super::{Body, Closed, Packet, Transport};
+
+/// Map states of a staging buffer, set by its map callback.
+pub(crate) const MAP_PENDING: u8 = 0;
+pub(crate) const MAP_READY: u8 = 1;
+pub(crate) const MAP_FAILED: u8 = 2;
+
+/// A read-back buffer of another rank, lent for reading its first `bytes`
+/// once the owner's submission `filled` has landed them and mapped it. Its
+/// owner reuses it only once every `Loan` of it is gone.
+#[derive(Clone)]
+pub(crate) struct Loan {
+    pub(crate) buf: wgpu::Buffer,
+    pub(crate) bytes: u64,
+    /// Counts the holders: the owner reuses the buffer once it alone holds it.
+    pub(crate) _hold: Arc<()>,
+    /// The map state, set by the map callback.
+    pub(crate) state: Arc<AtomicU8>,
+    pub(crate) owner: Arc<RankDevice>,
+    pub(crate) filled: Ticket,
+}
+
+/// Why a loan could not be read.
+pub(crate) enum LoanError {
+    /// The wait ended (a timeout, or the watch said stop).
+    Wait(Error),
+    /// The owner's device failed to fill or map it: the owner's failure.
+    Owner(String),
+}
+
+impl Loan {
+    /// Bytes lent.
+    pub(crate) fn len(&self) -> usize {
+        usize::try_from(self.bytes).unwrap_or(usize::MAX)
+    }
+
+    /// The lent bytes, once they have landed (waiting on the owner's device
+    /// for them, with `p`'s deadline).
+    pub(crate) fn read(&self, p: &Patience) -> Result<wgpu::BufferView, LoanError> {
+        let mut owner_failed = None;
+        let waited = p.until(
+            || format!("the lender's device to finish a slice of #{}", p.seq),
+            |tick| {
+                let seen = self.owner.generation();
+                match self.state.load(Ordering::Acquire) {
+                    MAP_READY => Ok(Some(true)),
+                    MAP_FAILED => {
+                        owner_failed = Some("mapping it failed".to_string());
+                        Ok(Some(false))
+                    }
+                    // Filled: the map callback is on its way.
+                    _ if self.owner.is_done(self.filled) => {
+                        self.owner.wait_change(seen, tick);
+                        Ok(None)
+                    }
+                    _ => match self.owner.wait_quietly(self.filled, tick) {
+                        Err(e) => {
+                            owner_failed = Some(e);
+                            Ok(Some(false))
+                        }
+                        Ok(_) => Ok(None),
+                    },
+                }
+            },
+        );
+        match waited {
+            Err(e) => return Err(LoanError::Wait(e)),
+            Ok(false) => {
+                return Err(LoanError::Owner(
+                    owner_failed.unwrap_or_else(|| "it failed".into()),
+                ));
+            }
+            Ok(true) => {}
+        }
+        // The owner's device may be lost between the map and this read
+        // (it finished its own part and went on): the owner's failure too.
+        self.buf
+            .get_mapped_range(..self.bytes)
+            .map_err(|e| LoanError::Owner(format!("reading it failed: {e}")))
+    }
+}
+
+/// One rank's ends of the in-process links to every other rank of a group.
+pub(crate) struct Local {
+    to: Vec<Sender<Packet>>,
+    from: Vec<Receiver<Packet>>,
+    pool: Arc<ArrayQueue<Vec<u8>>>,
+}
+
+/// Links between every pair of `n` ranks; entry `r` is rank `r`'s end.
+pub(crate) fn mesh(n: usize) -> Vec<Arc<dyn Transport>> {
+    let pool = Arc::new(ArrayQueue::new(
+        n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
+    ));
+    // links[a][b]: a -> b
+    let links: Vec<Vec<(Sender<Packet>, Receiver<Packet>)>> = (0..n)
+        .map(|_| (0..n).map(|_| unbounded()).collect())
+        .collect();
+    (0..n)
+        .map(|r| {
+            Arc::new(Local {
+                to: (0..n).map(|p| links[r][p].0.clone()).collect(),
+                from: (0..n).map(|p| links[p][r].1.clone()).collect(),
+                pool: pool.clone(),
+            }) as Arc<dyn Transport>
+        })
+        .collect()
+}
+
+impl Transport for Local {
+    fn send(&self, peer: usize, packet: Packet) -> Result<(), Closed> {
+        self.to
+            .get(peer)
+            .ok_or(Closed)?
+            .send(packet)
+            .map_err(|_| Closed)
+    }
+
+    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet>, Closed> {
+        match self.from.get(peer).ok_or(Closed)?.recv_timeout(limit) {
+            Ok(p) => Ok(Some(p)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Closed),
+        }
+    }
+
+    fn carries_loans(&self) -> bool {
+        true
+    }
+
+    fn drain(&self) {
+        for rx in &self.from {
+            while let Ok(p) = rx.try_recv() {
+                if let Body::Bytes(b) = p.body {
+                    self.recycle(b);
+                }
+            }
+        }
+    }
+
+    fn buffer(&self) -> Vec<u8> {
+        let mut v = self.pool.pop().unwrap_or_default();
+        v.clear();
+        v
+    }
+
+    fn recycle(&self, v: Vec<u8>) {
+        let _ = self.pool.push(v);
+    }
+}

@@ -1,0 +1,81 @@
+//! Moving bytes between two ranks, behind one trait.
+//!
+//! A schedule's hop is `send` to a peer and `recv` from one; what carries
+//! the bytes is a [`Transport`] backend, and nothing above this module
+//! knows which (NCCL's `ncclTransport`, Gloo's `transport/`). The first
+//! backend is in-process channels ([`local`]); ranks in several processes
+//! will add MPI beside it. A transport knows deadlines, nothing of the
+//! group's health or the progress of a collective: it waits at most what
+//! it is given and says when a peer's end is gone; the runtime decides
+//! what that means.
+//!
+//! Ranks in one process can do better than copying bytes into a packet:
+//! the sender *lends* a mapped read-back buffer ([`local::Loan`]) and the
+//! receiver reads it in place. That is a capability of the in-process
+//! backend ([`Transport::carries_loans`]), not a device handle inside
+//! every packet.
+//!
+//! Device staging (`staging.rs`) is the device side of a host hop: the
+//! mapped buffers a slice goes through on its way off and onto a device.
+
+pub(crate) mod local;
+pub(crate) mod staging;
+
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+
+pub(crate) use local::Loan;
+pub(crate) use staging::Stager;
+
+/// A slice in flight from one rank to another, with the sender's view of
+/// which collective it belongs to.
+pub(crate) struct Packet {
+    pub fp: Fingerprint,
+    pub from: usize,
+    pub body: Body,
+}
+
+/// The bytes of a packet.
+pub(crate) enum Body {
+    Bytes(Vec<u8>),
+    /// A buffer of the sender's, lent in place (in-process only).
+    Loan(Loan),
+}
+
+impl Packet {
+    /// Bytes carried.
+    pub(crate) fn len(&self) -> usize {
+        match &self.body {
+            Body::Bytes(b) => b.len(),
+            Body::Loan(l) => l.len(),
+        }
+    }
+}
+
+/// The peer's end of the link is gone (its group was dropped).
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+/// One rank's ends of its links to every other rank of a group.
+pub(crate) trait Transport: Send + Sync {
+    /// Sends `packet` to `peer` without blocking.
+    fn send(&self, peer: usize, packet: Packet) -> Result<(), Closed>;
+
+    /// The next packet from `peer`, waiting at most `limit`; `Ok(None)`
+    /// when none came in time.
+    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet>, Closed>;
+
+    /// Whether packets may carry [`Body::Loan`] (sender and receiver share
+    /// the process).
+    fn carries_loans(&self) -> bool;
+
+    /// Drops packets left over from an earlier, failed run.
+    fn drain(&self);
+
+    /// An empty host buffer, from a pool shared by the group.
+    fn buffer(&self) -> Vec<u8>;
+
+    /// Returns a packet's bytes to the pool.
+    fn recycle(&self, bytes: Vec<u8>);
+}
