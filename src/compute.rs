@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::api::tensor::{DType, Tensor};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../shaders/compute.wgsl");
 

@@ -14,14 +14,14 @@
 
 use std::time::Instant;
 
-use crate::comm::Communicator;
+use crate::api::comm::Communicator;
+use crate::api::tensor::{DType, Tensor};
+use crate::api::world::World;
 use crate::error::{Error, Result};
 use crate::graph::exec::{Event, Lane, execute};
 use crate::graph::passes::{GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits};
 use crate::graph::{Graph, Tracer, verify};
 use crate::op::ReduceOp;
-use crate::tensor::{DType, Tensor};
-use crate::world::World;
 
 /// Most layers `train` accepts.
 pub const MAX_LAYERS: usize = 1024;

@@ -63,27 +63,16 @@
 )]
 
 mod algo;
-mod collective;
-mod comm;
+mod api;
 mod compute;
-mod cost;
 pub mod ddp;
 mod deadline;
 mod device;
 mod error;
-mod fingerprint;
-mod flight;
 pub mod graph;
-mod health;
-mod hop;
-mod kernels;
 mod op;
-mod profile;
-mod progress;
-mod tensor;
+mod runtime;
 mod transport;
-mod work;
-mod world;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
@@ -93,12 +82,12 @@ pub struct ReadmeDoctests;
 /// The wgpu this crate is built on, so that users name the same one.
 pub use wgpu;
 
-pub use comm::Communicator;
-pub use cost::{Algorithm, CostModel};
+pub use api::comm::Communicator;
+pub use api::tensor::{DType, Element, Tensor};
+pub use api::work::Work;
+pub use api::world::{MAX_RANKS, World, WorldConfig};
+pub use device::kernels::{reduction_wgsl, reduction_workgroups};
 pub use error::{Error, Result};
-pub use kernels::{reduction_wgsl, reduction_workgroups};
 pub use op::ReduceOp;
-pub use profile::Profile;
-pub use tensor::{DType, Element, Tensor};
-pub use work::Work;
-pub use world::{MAX_RANKS, World, WorldConfig};
+pub use runtime::cost::{Algorithm, CostModel};
+pub use runtime::profile::Profile;

@@ -1,6 +1,6 @@
 //! Reduction operators.
 
-use crate::tensor::DType;
+use crate::api::tensor::DType;
 
 /// How a collective combines the ranks' values, as `torch.distributed.ReduceOp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

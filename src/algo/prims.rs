@@ -20,11 +20,11 @@
 use std::time::Instant;
 
 use crate::device::Ticket;
+use crate::device::kernels::Reducer;
 use crate::error::Result;
-use crate::health::Waiter;
-use crate::hop;
-use crate::kernels::Reducer;
-use crate::profile::{Counters, Timestamps};
+use crate::runtime::health::Waiter;
+use crate::runtime::hop;
+use crate::runtime::profile::{Counters, Timestamps};
 use crate::transport::{Body, Loan, Packet, Stager, Transport};
 
 /// A contiguous range of 32-bit words of the working buffer.

@@ -13,6 +13,7 @@
 //!
 //! Submitting and polling belong to the device's owner (`owner.rs`).
 
+pub(crate) mod kernels;
 mod owner;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::compute::Compute;
+use crate::device::kernels::Kernels;
 use crate::error::{Error, Result};
-use crate::kernels::Kernels;
 
 use owner::Owner;
 pub(crate) use owner::{OnDone, Signal, Ticket};
@@ -322,13 +323,13 @@ impl RankDevice {
     /// another (their dtype; byte offsets must be whole words).
     pub(crate) fn concat(
         self: &Arc<Self>,
-        parts: &[crate::tensor::Tensor],
+        parts: &[crate::api::tensor::Tensor],
         len: usize,
-    ) -> Result<crate::tensor::Tensor> {
+    ) -> Result<crate::api::tensor::Tensor> {
         let dtype = parts
             .first()
-            .map_or(crate::tensor::DType::F32, |t| t.dtype());
-        let out = crate::tensor::Tensor::output(self, dtype, len)?;
+            .map_or(crate::api::tensor::DType::F32, |t| t.dtype());
+        let out = crate::api::tensor::Tensor::output(self, dtype, len)?;
         let mut enc = self.encoder();
         let mut off = 0u64;
         for p in parts {
@@ -364,10 +365,10 @@ impl RankDevice {
     /// A new tensor of elements `start..start + len` of `t`.
     pub(crate) fn slice(
         self: &Arc<Self>,
-        t: &crate::tensor::Tensor,
+        t: &crate::api::tensor::Tensor,
         start: usize,
         len: usize,
-    ) -> Result<crate::tensor::Tensor> {
+    ) -> Result<crate::api::tensor::Tensor> {
         let size = t.dtype().size();
         if start.checked_add(len).is_none_or(|end| end > t.len()) {
             return Err(Error::invalid(
@@ -378,7 +379,7 @@ impl RankDevice {
                 ),
             ));
         }
-        let out = crate::tensor::Tensor::output(self, t.dtype(), len)?;
+        let out = crate::api::tensor::Tensor::output(self, t.dtype(), len)?;
         // Within `t`, whose byte size was checked when it was made.
         #[allow(clippy::arithmetic_side_effects, reason = "within an existing tensor")]
         let (off, bytes) = ((start * size) as u64, (len * size) as u64);

@@ -5,11 +5,11 @@
 
 use std::sync::{Mutex, OnceLock};
 
+use crate::api::tensor::{DType, Element, Tensor};
+use crate::api::work::Work;
 use crate::compute::Elementwise;
 use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Element, Tensor};
-use crate::work::Work;
 
 /// A collective's result that waits for itself on first read.
 pub struct AsyncTensor {

@@ -11,11 +11,11 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::ir::{Graph, Node, NodeId, Op};
-use crate::comm::Communicator;
+use crate::api::comm::Communicator;
+use crate::api::tensor::Tensor;
+use crate::api::work::Work;
 use crate::compute::Elementwise;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
-use crate::work::Work;
 
 /// Which lane of the timeline an event belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

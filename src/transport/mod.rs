@@ -23,7 +23,7 @@ pub(crate) mod staging;
 
 use std::time::Duration;
 
-use crate::fingerprint::Fingerprint;
+use crate::runtime::fingerprint::Fingerprint;
 
 pub(crate) use local::Loan;
 pub(crate) use staging::Stager;

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::device::lock;
-use crate::fingerprint::Fingerprint;
+use crate::runtime::fingerprint::Fingerprint;
 
 /// Collectives remembered per rank.
 pub(crate) const DEPTH: usize = 16;

@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::deadline::{Patience, Watch};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::flight::Flight;
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::flight::Flight;
 use crate::transport::Transport;
 use crate::transport::local::mesh;
 

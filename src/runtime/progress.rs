@@ -14,19 +14,19 @@ use std::time::Duration;
 use crossbeam::channel::Receiver;
 
 use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
-use crate::collective::Collective;
-use crate::cost::{Algorithm, Tuning};
+use crate::api::tensor::{DType, Tensor};
+use crate::api::work::WorkState;
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::flight::State;
-use crate::health::{Health, Waiter};
-use crate::hop;
 use crate::op::ReduceOp;
-use crate::profile::{Counters, Timestamps};
-use crate::tensor::{DType, Tensor};
+use crate::runtime::collective::Collective;
+use crate::runtime::cost::{Algorithm, Tuning};
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::flight::State;
+use crate::runtime::health::{Health, Waiter};
+use crate::runtime::hop;
+use crate::runtime::profile::{Counters, Timestamps};
 use crate::transport::{Body, Packet, Stager, Transport};
-use crate::work::WorkState;
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
 pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
@@ -111,7 +111,7 @@ impl Progress {
                     Err(Error::device(
                         self.rank,
                         Some(op.fp.seq),
-                        format!("internal error: {}", crate::comm::panic_message(&p)),
+                        format!("internal error: {}", crate::api::comm::panic_message(&p)),
                     ))
                 }),
             };

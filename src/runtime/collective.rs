@@ -6,9 +6,9 @@
 //! Each variant carries exactly what its call has: a barrier has no dtype,
 //! an all_to_all has its counts (not a length), a split its color and key.
 
-use crate::fingerprint::{Fingerprint, Kind};
+use crate::api::tensor::DType;
 use crate::op::ReduceOp;
-use crate::tensor::DType;
+use crate::runtime::fingerprint::{Fingerprint, Kind};
 
 /// One collective, as one rank called it.
 #[derive(Debug, Clone, PartialEq, Eq)]

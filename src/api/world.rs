@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::comm::{Communicator, panic_message};
-use crate::cost::{Algorithm, CostModel, Tuning};
+use crate::api::comm::{Communicator, panic_message};
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
-use crate::health::Health;
+use crate::runtime::cost::{Algorithm, CostModel, Tuning};
+use crate::runtime::health::Health;
 use crate::transport::Transport;
 use crate::transport::local::mesh;
 

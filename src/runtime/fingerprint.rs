@@ -6,8 +6,8 @@
 //! at once with both sides in the error, instead of reducing the wrong
 //! bytes or waiting forever for a packet that will never come.
 
+use crate::api::tensor::DType;
 use crate::op::ReduceOp;
-use crate::tensor::DType;
 
 /// The kinds of collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ impl Kind {
 }
 
 /// One collective call as every rank should see it: derived from its
-/// [`Collective`](crate::collective::Collective), small and `Copy` so that
+/// [`Collective`](crate::runtime::collective::Collective), small and `Copy` so that
 /// every packet can carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fingerprint {

@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::api::tensor::DType;
 use crate::device::RankDevice;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::tensor::DType;
 
 /// Which all-reduce algorithm runs. More may come (two-shot, on a shared
 /// device), so matches need a wildcard arm.

@@ -16,18 +16,18 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Sender, unbounded};
 
-use crate::collective::Collective;
-use crate::cost::Tuning;
+use crate::api::tensor::{DType, Element, Tensor};
+use crate::api::work::{Work, WorkState};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::flight::State;
-use crate::health::Health;
 use crate::op::ReduceOp;
-use crate::profile::{Counters, Profile};
-use crate::progress::{Op, Output, Progress};
-use crate::tensor::{DType, Element, Tensor};
+use crate::runtime::collective::Collective;
+use crate::runtime::cost::Tuning;
+use crate::runtime::flight::State;
+use crate::runtime::health::Health;
+use crate::runtime::profile::{Counters, Profile};
+use crate::runtime::progress::{Op, Output, Progress};
 use crate::transport::{Stager, Transport};
-use crate::work::{Work, WorkState};
 
 struct Issuer {
     seq: u64,

@@ -13,12 +13,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::api::tensor::Tensor;
 use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::health::Health;
-use crate::progress::SplitTable;
-use crate::tensor::Tensor;
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::health::Health;
+use crate::runtime::progress::SplitTable;
 
 #[derive(Clone)]
 enum Phase {
@@ -131,7 +131,7 @@ impl WorkState {
 pub struct Work {
     state: Arc<WorkState>,
     /// Length and dtype of the first output.
-    shape: (usize, crate::tensor::DType),
+    shape: (usize, crate::api::tensor::DType),
     dev: Arc<RankDevice>,
     health: Arc<Health>,
     fp: Fingerprint,
@@ -148,7 +148,7 @@ impl std::fmt::Debug for Work {
 impl Work {
     pub(crate) fn new(
         state: Arc<WorkState>,
-        shape: (usize, crate::tensor::DType),
+        shape: (usize, crate::api::tensor::DType),
         dev: Arc<RankDevice>,
         health: Arc<Health>,
         fp: Fingerprint,
@@ -203,7 +203,7 @@ impl Work {
     }
 
     /// Length and dtype of the first output (for async tensors).
-    pub(crate) fn output_shape(&self) -> (usize, crate::tensor::DType) {
+    pub(crate) fn output_shape(&self) -> (usize, crate::api::tensor::DType) {
         self.shape
     }
 

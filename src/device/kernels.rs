@@ -10,23 +10,23 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use crate::api::tensor::DType;
 use crate::device::{RankDevice, lock};
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::tensor::DType;
 
-const REDUCE: &str = include_str!("../shaders/reduce.wgsl");
-const PATCH_HALF: &str = include_str!("../shaders/patch_half.wgsl");
+const REDUCE: &str = include_str!("../../shaders/reduce.wgsl");
+const PATCH_HALF: &str = include_str!("../../shaders/patch_half.wgsl");
 /// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
 const WORKGROUP: u64 = 256;
 
 fn prelude(dtype: DType) -> &'static str {
     match dtype {
-        DType::F32 => include_str!("../shaders/dtype_f32.wgsl"),
-        DType::F16 => include_str!("../shaders/dtype_f16.wgsl"),
-        DType::BF16 => include_str!("../shaders/dtype_bf16.wgsl"),
-        DType::I32 => include_str!("../shaders/dtype_i32.wgsl"),
-        DType::U32 => include_str!("../shaders/dtype_u32.wgsl"),
+        DType::F32 => include_str!("../../shaders/dtype_f32.wgsl"),
+        DType::F16 => include_str!("../../shaders/dtype_f16.wgsl"),
+        DType::BF16 => include_str!("../../shaders/dtype_bf16.wgsl"),
+        DType::I32 => include_str!("../../shaders/dtype_i32.wgsl"),
+        DType::U32 => include_str!("../../shaders/dtype_u32.wgsl"),
     }
 }
 

@@ -6,7 +6,7 @@
 //! device failed to fill is the owner's failure, recorded for the group.
 
 use crate::error::{Error, Result};
-use crate::health::Waiter;
+use crate::runtime::health::Waiter;
 use crate::transport::local::LoanError;
 use crate::transport::{Body, Loan, Packet, Transport};
 

@@ -1,0 +1,7 @@
+//! What users call: the world of ranks, communicators, tensors and the
+//! handles collectives return.
+
+pub(crate) mod comm;
+pub(crate) mod tensor;
+pub(crate) mod work;
+pub(crate) mod world;

@@ -1,0 +1,13 @@
+//! One collective's life, from the call to its completion: its typed
+//! description and fingerprint, the progress thread that runs it in issue
+//! order, the hops it makes, the group's health and flight record, and
+//! the cost model that picks its algorithm.
+
+pub(crate) mod collective;
+pub(crate) mod cost;
+pub(crate) mod fingerprint;
+pub(crate) mod flight;
+pub(crate) mod health;
+pub(crate) mod hop;
+pub(crate) mod profile;
+pub(crate) mod progress;
