@@ -68,6 +68,7 @@ mod compute;
 pub mod ddp;
 mod deadline;
 mod device;
+mod dtype;
 mod error;
 pub mod graph;
 mod op;

@@ -24,8 +24,9 @@ use crate::device::kernels::Reducer;
 use crate::error::Result;
 use crate::runtime::health::Waiter;
 use crate::runtime::hop;
+use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
-use crate::transport::{Body, Loan, Packet, Stager, Transport};
+use crate::transport::{Body, Loan, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +52,7 @@ const SLICE_BYTES: u64 = 1 << 20;
 /// Primitive steps of one collective on one rank.
 pub(crate) struct Prims<'a> {
     pub w: Waiter<'a>,
-    pub link: &'a dyn Transport,
+    pub link: &'a Link,
     pub stage: &'a mut Stager,
     /// The working buffer the ring steps read and write.
     pub buf: wgpu::Buffer,

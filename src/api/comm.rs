@@ -25,9 +25,10 @@ use crate::runtime::collective::Collective;
 use crate::runtime::cost::Tuning;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
+use crate::runtime::hop::Link;
 use crate::runtime::profile::{Counters, Profile};
 use crate::runtime::progress::{Op, Output, Progress};
-use crate::transport::{Stager, Transport};
+use crate::transport::Stager;
 
 struct Issuer {
     seq: u64,
@@ -60,7 +61,7 @@ struct Inner {
     size: usize,
     dev: Arc<RankDevice>,
     health: Arc<Health>,
-    endpoint: Arc<dyn Transport>,
+    endpoint: Arc<Link>,
     timeout: Duration,
     issuer: Mutex<Issuer>,
     /// Ops queued or running on the progress thread.
@@ -108,7 +109,7 @@ impl Communicator {
         rank: usize,
         size: usize,
         dev: Arc<RankDevice>,
-        endpoint: Arc<dyn Transport>,
+        endpoint: Arc<Link>,
         health: Arc<Health>,
         timeout: Duration,
         tuning: Tuning,

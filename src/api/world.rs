@@ -14,7 +14,7 @@ use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
 use crate::runtime::cost::{Algorithm, CostModel, Tuning};
 use crate::runtime::health::Health;
-use crate::transport::Transport;
+use crate::runtime::hop::Link;
 use crate::transport::local::mesh;
 
 /// Most ranks a world may have.
@@ -244,7 +244,7 @@ impl World {
     fn assemble_on(
         instance: Option<wgpu::Instance>,
         devices: Vec<Arc<RankDevice>>,
-        links: Vec<Arc<dyn Transport>>,
+        links: Vec<Arc<Link>>,
         config: &WorldConfig,
     ) -> Result<World> {
         let n = devices.len();
@@ -499,13 +499,14 @@ mod tests {
     //! the same bits as over the in-process one.
     use super::*;
     use crate::ReduceOp;
-    use crate::transport::Packet;
+    use crate::runtime::hop::Packet;
+    use crate::transport::Transport;
 
     /// The in-process links, as a backend without loans: every hop's bytes
     /// travel in the packet.
-    struct NoLoans(Arc<dyn Transport>);
+    struct NoLoans(Arc<Link>);
 
-    impl Transport for NoLoans {
+    impl Transport<crate::runtime::fingerprint::Fingerprint> for NoLoans {
         fn send(
             &self,
             peer: usize,
@@ -551,7 +552,7 @@ mod tests {
                 if loans {
                     l
                 } else {
-                    Arc::new(NoLoans(l)) as Arc<dyn Transport>
+                    Arc::new(NoLoans(l)) as Arc<Link>
                 }
             })
             .collect();

@@ -10,8 +10,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::api::tensor::DType;
 use crate::device::{RankDevice, lock};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
 

@@ -17,7 +17,7 @@ use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::Flight;
-use crate::transport::Transport;
+use crate::runtime::hop::Link;
 use crate::transport::local::mesh;
 
 pub(crate) struct Health {
@@ -36,7 +36,7 @@ pub(crate) struct Health {
 
 /// A group one `split` is forming: its links, and its shared record.
 struct Forming {
-    endpoints: Vec<Option<Arc<dyn Transport>>>,
+    endpoints: Vec<Option<Arc<Link>>>,
     health: Arc<Health>,
 }
 
@@ -70,7 +70,7 @@ impl Health {
         color: u32,
         parents: &[usize],
         me: usize,
-    ) -> Result<(Arc<dyn Transport>, Arc<Health>)> {
+    ) -> Result<(Arc<Link>, Arc<Health>)> {
         let mut forming = lock(&this.forming);
         let f = forming.entry((seq, color)).or_insert_with(|| Forming {
             endpoints: mesh(parents.len()).into_iter().map(Some).collect(),

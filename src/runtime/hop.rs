@@ -6,12 +6,19 @@
 //! device failed to fill is the owner's failure, recorded for the group.
 
 use crate::error::{Error, Result};
+use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
 use crate::transport::local::LoanError;
-use crate::transport::{Body, Loan, Packet, Transport};
+use crate::transport::{Body, Loan, Transport};
+
+/// A rank's links, as the runtime uses them: packets headed by the
+/// fingerprint of the collective they belong to.
+pub(crate) type Link = dyn Transport<Fingerprint>;
+/// A packet on a [`Link`].
+pub(crate) type Packet = crate::transport::Packet<Fingerprint>;
 
 /// Sends `packet` to `peer` without blocking.
-pub(crate) fn post(link: &dyn Transport, peer: usize, packet: Packet, w: &Waiter) -> Result<()> {
+pub(crate) fn post(link: &Link, peer: usize, packet: Packet, w: &Waiter) -> Result<()> {
     link.send(peer, packet).map_err(|_| Error::PeerFailed {
         rank: w.rank,
         seq: w.fp.seq,
@@ -22,7 +29,7 @@ pub(crate) fn post(link: &dyn Transport, peer: usize, packet: Packet, w: &Waiter
 
 /// Receives the next packet from `peer`, checking that it belongs to the
 /// collective `w` is running and carries `bytes` bytes.
-pub(crate) fn take(link: &dyn Transport, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
+pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
     let gone = || Error::PeerFailed {
         rank: w.rank,
         seq: w.fp.seq,
@@ -100,7 +107,7 @@ pub(crate) fn read_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<wgpu::B
 
 /// Gives a packet's bytes back to the pool (a loan goes back to its owner
 /// when dropped).
-pub(crate) fn recycle(link: &dyn Transport, p: Packet) {
+pub(crate) fn recycle(link: &Link, p: Packet) {
     if let Body::Bytes(b) = p.body {
         link.recycle(b);
     }

@@ -25,8 +25,9 @@ use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
 use crate::runtime::health::{Health, Waiter};
 use crate::runtime::hop;
+use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
-use crate::transport::{Body, Packet, Stager, Transport};
+use crate::transport::{Body, Stager};
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
 pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
@@ -82,7 +83,7 @@ pub(crate) struct Progress {
     pub rank: usize,
     pub size: usize,
     pub dev: Arc<RankDevice>,
-    pub endpoint: Arc<dyn Transport>,
+    pub endpoint: Arc<Link>,
     pub health: Arc<Health>,
     pub stage: Stager,
     pub timeout: Duration,
@@ -403,7 +404,7 @@ impl Staged {
     clippy::arithmetic_side_effects,
     reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
 )]
-fn handshake(link: &dyn Transport, w: &Waiter, n: usize) -> Result<()> {
+fn handshake(link: &Link, w: &Waiter, n: usize) -> Result<()> {
     let data = link.buffer();
     let token = Packet {
         fp: w.fp,

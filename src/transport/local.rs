@@ -109,19 +109,19 @@ impl Loan {
 }
 
 /// One rank's ends of the in-process links to every other rank of a group.
-pub(crate) struct Local {
-    to: Vec<Sender<Packet>>,
-    from: Vec<Receiver<Packet>>,
+pub(crate) struct Local<H> {
+    to: Vec<Sender<Packet<H>>>,
+    from: Vec<Receiver<Packet<H>>>,
     pool: Arc<ArrayQueue<Vec<u8>>>,
 }
 
 /// Links between every pair of `n` ranks; entry `r` is rank `r`'s end.
-pub(crate) fn mesh(n: usize) -> Vec<Arc<dyn Transport>> {
+pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
     let pool = Arc::new(ArrayQueue::new(
         n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
     ));
     // links[a][b]: a -> b
-    let links: Vec<Vec<(Sender<Packet>, Receiver<Packet>)>> = (0..n)
+    let links: Vec<Vec<(Sender<Packet<H>>, Receiver<Packet<H>>)>> = (0..n)
         .map(|_| (0..n).map(|_| unbounded()).collect())
         .collect();
     (0..n)
@@ -130,13 +130,13 @@ pub(crate) fn mesh(n: usize) -> Vec<Arc<dyn Transport>> {
                 to: (0..n).map(|p| links[r][p].0.clone()).collect(),
                 from: (0..n).map(|p| links[p][r].1.clone()).collect(),
                 pool: pool.clone(),
-            }) as Arc<dyn Transport>
+            }) as Arc<dyn Transport<H>>
         })
         .collect()
 }
 
-impl Transport for Local {
-    fn send(&self, peer: usize, packet: Packet) -> Result<(), Closed> {
+impl<H: Send> Transport<H> for Local<H> {
+    fn send(&self, peer: usize, packet: Packet<H>) -> Result<(), Closed> {
         self.to
             .get(peer)
             .ok_or(Closed)?
@@ -144,7 +144,7 @@ impl Transport for Local {
             .map_err(|_| Closed)
     }
 
-    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet>, Closed> {
+    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet<H>>, Closed> {
         match self.from.get(peer).ok_or(Closed)?.recv_timeout(limit) {
             Ok(p) => Ok(Some(p)),
             Err(RecvTimeoutError::Timeout) => Ok(None),

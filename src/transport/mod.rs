@@ -23,15 +23,14 @@ pub(crate) mod staging;
 
 use std::time::Duration;
 
-use crate::runtime::fingerprint::Fingerprint;
-
 pub(crate) use local::Loan;
 pub(crate) use staging::Stager;
 
-/// A slice in flight from one rank to another, with the sender's view of
-/// which collective it belongs to.
-pub(crate) struct Packet {
-    pub fp: Fingerprint,
+/// A slice in flight from one rank to another, with a header the
+/// transport carries without reading (the runtime puts the sender's view
+/// of which collective the bytes belong to there).
+pub(crate) struct Packet<H> {
+    pub fp: H,
     pub from: usize,
     pub body: Body,
 }
@@ -43,7 +42,7 @@ pub(crate) enum Body {
     Loan(Loan),
 }
 
-impl Packet {
+impl<H> Packet<H> {
     /// Bytes carried.
     pub(crate) fn len(&self) -> usize {
         match &self.body {
@@ -58,13 +57,13 @@ impl Packet {
 pub(crate) struct Closed;
 
 /// One rank's ends of its links to every other rank of a group.
-pub(crate) trait Transport: Send + Sync {
+pub(crate) trait Transport<H>: Send + Sync {
     /// Sends `packet` to `peer` without blocking.
-    fn send(&self, peer: usize, packet: Packet) -> Result<(), Closed>;
+    fn send(&self, peer: usize, packet: Packet<H>) -> Result<(), Closed>;
 
     /// The next packet from `peer`, waiting at most `limit`; `Ok(None)`
     /// when none came in time.
-    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet>, Closed>;
+    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet<H>>, Closed>;
 
     /// Whether packets may carry [`Body::Loan`] (sender and receiver share
     /// the process).
