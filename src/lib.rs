@@ -64,8 +64,6 @@
 
 mod algo;
 mod api;
-mod compute;
-pub mod ddp;
 mod deadline;
 mod device;
 mod dtype;

@@ -5,7 +5,13 @@
 mod common;
 
 use common::world;
-use wgpu_collectives::ddp::{Mlp, Schedule, train};
+// The demo lives in the benchmark binary (it is not part of the library);
+// it uses only the library's public API, so the test compiles it too.
+#[allow(dead_code)]
+#[path = "../src/bench/ddp_train.rs"]
+mod ddp_train;
+
+use ddp_train::{Mlp, Schedule, train};
 
 const MODEL: Mlp = Mlp {
     layers: 3,
@@ -16,7 +22,7 @@ const MODEL: Mlp = Mlp {
     bucket_bytes: wgpu_collectives::graph::passes::DEFAULT_BUCKET_BYTES,
 };
 
-fn losses(runs: &[wgpu_collectives::ddp::RankRun]) -> Vec<f32> {
+fn losses(runs: &[ddp_train::RankRun]) -> Vec<f32> {
     runs[0].steps.iter().map(|s| s.loss).collect()
 }
 
@@ -67,9 +73,8 @@ fn the_overlap_schedule_gives_the_eager_bits() {
             eager[rank].weight_bits == overlap[rank].weight_bits,
             "rank {rank}: weights differ between schedules"
         );
-        let bits = |r: &wgpu_collectives::ddp::RankRun| {
-            r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>()
-        };
+        let bits =
+            |r: &ddp_train::RankRun| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&eager[rank]),
             bits(&overlap[rank]),
@@ -88,7 +93,7 @@ fn the_overlap_graph_verifies_and_buckets_gradients() {
         flops: 1e10,
         bytes: 1e10,
     };
-    let g = wgpu_collectives::ddp::scheduled(
+    let g = ddp_train::scheduled(
         MODEL.step_graph(2),
         Schedule::Overlap,
         &cost,

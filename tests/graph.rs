@@ -2,7 +2,9 @@
 //! verify, and each pass (its output printed and checked in order, and
 //! verified).
 
-use wgpu_collectives::graph::filecheck::check_order;
+mod common;
+
+use common::filecheck::check_order;
 use wgpu_collectives::graph::passes::{
     DEFAULT_BUCKET_BYTES, bucket_all_reduces, dce, raise_comms, sink_waits,
 };

@@ -203,6 +203,13 @@ impl Communicator {
         self.inner.dev.resources_created()
     }
 
+    /// Waits (at most the world's timeout) until the device has run
+    /// everything submitted to this rank's queue so far, by the engine or
+    /// anyone else, as `torch.cuda.synchronize()` does.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.dev.finish_all()
+    }
+
     /// Starts (or stops) recording where this communicator's collectives
     /// spend their time on this rank; read it with [`take_profile`](Self::take_profile).
     pub fn set_profiling(&self, on: bool) {
@@ -213,10 +220,6 @@ impl Communicator {
     /// then starts again from zero.
     pub fn take_profile(&self) -> Profile {
         self.inner.counters.take(self.inner.dev.timestamps)
-    }
-
-    pub(crate) fn rank_device(&self) -> &Arc<RankDevice> {
-        &self.inner.dev
     }
 
     /// A tensor on this rank's device holding `data`.
@@ -693,7 +696,7 @@ impl Communicator {
     }
 
     fn check_tensor(&self, x: &Tensor) -> Result<()> {
-        if !Arc::ptr_eq(x.device(), &self.inner.dev) {
+        if !Arc::ptr_eq(x.rank_device(), &self.inner.dev) {
             return Err(Error::invalid(
                 self.inner.rank,
                 format!(

@@ -277,8 +277,26 @@ impl Tensor {
         self.inner.offset
     }
 
-    pub(crate) fn device(&self) -> &Arc<RankDevice> {
+    pub(crate) fn rank_device(&self) -> &Arc<RankDevice> {
         &self.inner.device
+    }
+
+    /// The wgpu device holding the tensor (its rank's).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device.device
+    }
+
+    /// The queue of the tensor's rank: work on the tensor submitted here
+    /// is in stream order with the rank's collectives.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.device.queue
+    }
+
+    /// A new tensor of `len` elements on the same rank's device, whose
+    /// contents are unspecified (its buffer comes from the device's pool,
+    /// as a collective's output does): for outputs about to be overwritten.
+    pub fn new_empty(&self, dtype: DType, len: usize) -> Result<Tensor> {
+        Tensor::output(&self.inner.device, dtype, len)
     }
 
     /// Copies the tensor back to the host.

@@ -202,9 +202,19 @@ impl Work {
         })
     }
 
-    /// Length and dtype of the first output (for async tensors).
-    pub(crate) fn output_shape(&self) -> (usize, crate::api::tensor::DType) {
-        self.shape
+    /// Length of the first output, known without waiting (for async tensors).
+    pub fn len(&self) -> usize {
+        self.shape.0
+    }
+
+    /// Whether the first output is empty (known without waiting).
+    pub fn is_empty(&self) -> bool {
+        self.shape.0 == 0
+    }
+
+    /// Element type of the first output, known without waiting.
+    pub fn dtype(&self) -> crate::dtype::DType {
+        self.shape.1
     }
 
     /// The collective's sequence number in its communicator.

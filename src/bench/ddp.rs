@@ -2,8 +2,8 @@
 //! ranks, per schedule: per-step times and loss, then medians and the
 //! ideal max(compute, comm).
 
+use super::ddp_train::{Mlp, RankRun, Schedule, StepStats, train};
 use clap::{Parser, ValueEnum};
-use wgpu_collectives::ddp::{Mlp, RankRun, Schedule, train};
 use wgpu_collectives::graph::chrome_trace;
 use wgpu_collectives::{World, WorldConfig};
 
@@ -62,7 +62,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Rank-mean of one figure per step.
-fn per_step(runs: &[RankRun], f: fn(&wgpu_collectives::ddp::StepStats) -> f64) -> Vec<f64> {
+fn per_step(runs: &[RankRun], f: fn(&StepStats) -> f64) -> Vec<f64> {
     let steps = runs.first().map_or(0, |r| r.steps.len());
     (0..steps)
         .map(|s| runs.iter().map(|r| f(&r.steps[s])).sum::<f64>() / runs.len().max(1) as f64)

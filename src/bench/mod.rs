@@ -11,6 +11,7 @@ pub mod args;
 pub mod ceiling;
 mod data;
 pub mod ddp;
+pub mod ddp_train;
 pub mod report;
 
 use std::time::Instant;

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::compute::Compute;
 use crate::device::kernels::Kernels;
 use crate::error::{Error, Result};
 
@@ -47,8 +46,6 @@ pub(crate) struct RankDevice {
     pub timeout: Duration,
     /// Compiled kernels, made once per device.
     pub kernels: Kernels,
-    /// The graph executor's compute kernels, made on first use.
-    pub compute: Compute,
     /// Whether storage buffers may also be mappable (CPU and integrated adapters).
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
@@ -178,7 +175,6 @@ impl RankDevice {
             info,
             timeout,
             kernels: Kernels::default(),
-            compute: Compute::default(),
             unified,
             timestamps,
             owned,
@@ -317,87 +313,6 @@ impl RankDevice {
     pub(crate) fn finish_all(&self) -> Result<()> {
         let t = self.submit(self.encoder(), None)?;
         self.wait(t, None, "the submitted work")
-    }
-
-    /// A new f32-or-any tensor of `len` elements holding `parts` one after
-    /// another (their dtype; byte offsets must be whole words).
-    pub(crate) fn concat(
-        self: &Arc<Self>,
-        parts: &[crate::api::tensor::Tensor],
-        len: usize,
-    ) -> Result<crate::api::tensor::Tensor> {
-        let dtype = parts
-            .first()
-            .map_or(crate::api::tensor::DType::F32, |t| t.dtype());
-        let out = crate::api::tensor::Tensor::output(self, dtype, len)?;
-        let mut enc = self.encoder();
-        let mut off = 0u64;
-        for p in parts {
-            let bytes = p.len().checked_mul(dtype.size()).map(|b| b as u64);
-            let end = bytes.and_then(|b| off.checked_add(b));
-            let (Some(bytes), Some(end)) = (bytes, end) else {
-                return Err(Error::invalid(
-                    self.rank,
-                    "concat: the parts' sizes overflow",
-                ));
-            };
-            if end > out.used_bytes() {
-                return Err(Error::invalid(
-                    self.rank,
-                    format!("concat of parts longer than the {len} elements asked for"),
-                ));
-            }
-            if bytes % 4 != 0 || off % 4 != 0 {
-                return Err(Error::invalid(
-                    self.rank,
-                    "concat of 16-bit tensors of odd length",
-                ));
-            }
-            if bytes > 0 {
-                enc.copy_buffer_to_buffer(p.buffer(), p.offset(), out.buffer(), off, bytes);
-            }
-            off = end;
-        }
-        self.submit(enc, None)?;
-        Ok(out)
-    }
-
-    /// A new tensor of elements `start..start + len` of `t`.
-    pub(crate) fn slice(
-        self: &Arc<Self>,
-        t: &crate::api::tensor::Tensor,
-        start: usize,
-        len: usize,
-    ) -> Result<crate::api::tensor::Tensor> {
-        let size = t.dtype().size();
-        if start.checked_add(len).is_none_or(|end| end > t.len()) {
-            return Err(Error::invalid(
-                self.rank,
-                format!(
-                    "split of elements {start}..+{len} of a tensor of {}",
-                    t.len()
-                ),
-            ));
-        }
-        let out = crate::api::tensor::Tensor::output(self, t.dtype(), len)?;
-        // Within `t`, whose byte size was checked when it was made.
-        #[allow(clippy::arithmetic_side_effects, reason = "within an existing tensor")]
-        let (off, bytes) = ((start * size) as u64, (len * size) as u64);
-        if off % 4 != 0 || bytes % 4 != 0 {
-            return Err(Error::invalid(
-                self.rank,
-                "split of 16-bit tensors at odd offsets",
-            ));
-        }
-        if bytes > 0 {
-            let mut enc = self.encoder();
-            let from = off
-                .checked_add(t.offset())
-                .ok_or_else(|| Error::invalid(self.rank, "split: the view's offset overflows"))?;
-            enc.copy_buffer_to_buffer(t.buffer(), from, out.buffer(), 0, bytes);
-            self.submit(enc, None)?;
-        }
-        Ok(out)
     }
 
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {

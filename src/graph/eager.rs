@@ -5,11 +5,9 @@
 
 use std::sync::{Mutex, OnceLock};
 
-use crate::api::tensor::{DType, Element, Tensor};
-use crate::api::work::Work;
-use crate::compute::Elementwise;
-use crate::device::lock;
-use crate::error::{Error, Result};
+use crate::graph::compute::{self, Elementwise};
+use crate::{DType, Element, Tensor, Work};
+use crate::{Error, Result};
 
 /// A collective's result that waits for itself on first read.
 pub struct AsyncTensor {
@@ -34,7 +32,7 @@ impl std::fmt::Debug for AsyncTensor {
 impl AsyncTensor {
     /// Wraps a collective in flight (its first output).
     pub fn new(work: Work) -> AsyncTensor {
-        let (len, dtype) = work.output_shape();
+        let (len, dtype) = (work.len(), work.dtype());
         AsyncTensor {
             work: Mutex::new(Some(work)),
             ready: OnceLock::new(),
@@ -66,7 +64,7 @@ impl AsyncTensor {
     /// The value, waiting for the collective the first time.
     pub fn wait(&self) -> Result<Tensor> {
         self.ready
-            .get_or_init(|| match lock(&self.work).take() {
+            .get_or_init(|| match self.work.lock().ok().and_then(|mut w| w.take()) {
                 Some(w) => w.wait(),
                 None => Err(Error::InvalidArgument {
                     rank: None,
@@ -110,9 +108,7 @@ pub fn matmul(
     transpose_b: bool,
 ) -> Result<Tensor> {
     let (a, b) = (a.ready()?, b.ready()?);
-    let dev = a.device().clone();
-    dev.compute
-        .matmul(&dev, &a, &b, m, k, n, transpose_a, transpose_b)
+    compute::matmul(&a, &b, m, k, n, transpose_a, transpose_b)
 }
 
 fn elementwise(
@@ -126,8 +122,7 @@ fn elementwise(
         Some(b) => b()?,
         None => a.clone(),
     };
-    let dev = a.device().clone();
-    dev.compute.elementwise(&dev, op, &a, &b, factor)
+    compute::elementwise(op, &a, &b, factor)
 }
 
 /// `a + b`.
@@ -163,6 +158,5 @@ pub fn relu_grad(grad: &impl Operand, x: &impl Operand) -> Result<Tensor> {
 /// Sum over the `m` rows of `a` (`[m, n]`).
 pub fn sum_rows(a: &impl Operand, m: usize, n: usize) -> Result<Tensor> {
     let a = a.ready()?;
-    let dev = a.device().clone();
-    dev.compute.sum_rows(&dev, &a, m, n)
+    compute::sum_rows(&a, m, n)
 }

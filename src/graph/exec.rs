@@ -11,11 +11,10 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::ir::{Graph, Node, NodeId, Op};
-use crate::api::comm::Communicator;
-use crate::api::tensor::Tensor;
-use crate::api::work::Work;
-use crate::compute::Elementwise;
-use crate::error::{Error, Result};
+use crate::Communicator;
+use crate::graph::compute::{self, Elementwise};
+use crate::{Error, Result};
+use crate::{Tensor, Work};
 
 /// Which lane of the timeline an event belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +78,6 @@ pub fn execute(
     inputs: &[(&str, Tensor)],
     timeline: bool,
 ) -> Result<Run> {
-    let dev = comm.rank_device().clone();
     let rank = comm.rank();
     let start = Instant::now();
     let now = || start.elapsed().as_secs_f64() * 1e6;
@@ -146,8 +144,7 @@ pub fn execute(
                     (sa[0], sa[1])
                 };
                 let nn = n.shape.get(1).copied().unwrap_or(0);
-                Some(compute(dev.compute.matmul(
-                    &dev,
+                Some(compute(compute::matmul(
                     &arg(0)?,
                     &arg(1)?,
                     m,
@@ -164,18 +161,11 @@ pub fn execute(
                     Op::Mul => Elementwise::Mul,
                     _ => Elementwise::ReluGrad,
                 };
-                Some(compute(dev.compute.elementwise(
-                    &dev,
-                    e,
-                    &arg(0)?,
-                    &arg(1)?,
-                    0.0,
-                ))?)
+                Some(compute(compute::elementwise(e, &arg(0)?, &arg(1)?, 0.0))?)
             }
             Op::Scale(f) => {
                 let a = arg(0)?;
-                Some(compute(dev.compute.elementwise(
-                    &dev,
+                Some(compute(compute::elementwise(
                     Elementwise::Scale,
                     &a,
                     &a,
@@ -184,8 +174,7 @@ pub fn execute(
             }
             Op::Relu => {
                 let a = arg(0)?;
-                Some(compute(dev.compute.elementwise(
-                    &dev,
+                Some(compute(compute::elementwise(
                     Elementwise::Relu,
                     &a,
                     &a,
@@ -194,8 +183,7 @@ pub fn execute(
             }
             Op::SumRows => {
                 let s = shape_of(0);
-                Some(compute(dev.compute.sum_rows(
-                    &dev,
+                Some(compute(compute::sum_rows(
                     &arg(0)?,
                     s[0],
                     s.get(1).copied().unwrap_or(1),
@@ -204,15 +192,15 @@ pub fn execute(
             Op::Reshape => Some(Value::Ready(arg(0)?)),
             Op::Concat => {
                 let parts = (0..n.args.len()).map(arg).collect::<Result<Vec<_>>>()?;
-                Some(Value::Ready(dev.concat(&parts, n.len())?))
+                Some(Value::Ready(compute::concat(&parts, n.len())?))
             }
             Op::Split { parts, index } => {
                 let a = arg(0)?;
                 let len = a.len().checked_div(*parts).unwrap_or(0);
                 let start = index.checked_mul(len).ok_or_else(|| {
-                    Error::invalid(dev.rank, format!("split part {index} of {len} overflows"))
+                    missing(rank, format!("split part {index} of {len} overflows"))
                 })?;
-                Some(Value::Ready(dev.slice(&a, start, len)?))
+                Some(Value::Ready(compute::slice(&a, start, len)?))
             }
             op if op.is_collective() => {
                 let work = issue(
@@ -293,7 +281,7 @@ pub fn execute(
                 Op::WaitTensor | Op::Input(_) | Op::Output | Op::Item(_) | Op::Reshape
             )
         {
-            dev.finish_all()?;
+            comm.synchronize()?;
             events.push(Event {
                 name: format!("%{} {}", n.id, n.op.name()),
                 lane: Lane::Compute,

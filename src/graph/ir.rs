@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::api::tensor::DType;
-use crate::op::ReduceOp;
+use crate::DType;
+use crate::ReduceOp;
 
 /// A node's id (printed `%id`).
 pub type NodeId = usize;

@@ -4,8 +4,8 @@
 //! handed back is the wait's: the safe baseline that passes then improve.
 
 use super::ir::{Graph, Node, NodeId, Op};
-use crate::api::tensor::DType;
-use crate::op::ReduceOp;
+use crate::DType;
+use crate::ReduceOp;
 
 /// Records ops into a graph; each method returns the new value's id.
 #[derive(Debug, Default)]

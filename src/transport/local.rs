@@ -121,7 +121,8 @@ pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
         n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
     ));
     // links[a][b]: a -> b
-    let links: Vec<Vec<(Sender<Packet<H>>, Receiver<Packet<H>>)>> = (0..n)
+    type Channel<H> = (Sender<Packet<H>>, Receiver<Packet<H>>);
+    let links: Vec<Vec<Channel<H>>> = (0..n)
         .map(|_| (0..n).map(|_| unbounded()).collect())
         .collect();
     (0..n)

@@ -2,6 +2,8 @@
 //! whatever the reduction order, and the CPU reference.
 #![allow(dead_code)]
 
+pub mod filecheck;
+
 use half::{bf16, f16};
 use wgpu_collectives::{Communicator, DType, Element, ReduceOp, Tensor, World, WorldConfig};
 

@@ -11,8 +11,8 @@
 use std::collections::HashSet;
 
 use super::move_to;
+use crate::ReduceOp;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
-use crate::op::ReduceOp;
 
 /// DDP's default `bucket_cap_mb`: 25 MiB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;

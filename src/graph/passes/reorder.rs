@@ -12,8 +12,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::CostModel;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
-use crate::runtime::cost::CostModel;
 
 /// What the schedule assumes about the machine.
 #[derive(Debug, Clone, Copy, PartialEq)]

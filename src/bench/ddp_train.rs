@@ -14,14 +14,16 @@
 
 use std::time::Instant;
 
-use crate::api::comm::Communicator;
-use crate::api::tensor::{DType, Tensor};
-use crate::api::world::World;
-use crate::error::{Error, Result};
-use crate::graph::exec::{Event, Lane, execute};
-use crate::graph::passes::{GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits};
-use crate::graph::{Graph, Tracer, verify};
-use crate::op::ReduceOp;
+use wgpu_collectives::Communicator;
+use wgpu_collectives::ReduceOp;
+use wgpu_collectives::World;
+use wgpu_collectives::graph::exec::{Event, Lane, execute};
+use wgpu_collectives::graph::passes::{
+    GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits,
+};
+use wgpu_collectives::graph::{Graph, Tracer, verify};
+use wgpu_collectives::{DType, Tensor};
+use wgpu_collectives::{Error, Result};
 
 /// Most layers `train` accepts.
 pub const MAX_LAYERS: usize = 1024;
