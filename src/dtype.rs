@@ -84,7 +84,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A Rust type that can live in a [`Tensor`]: `f32`, `half::f16`,
+/// A Rust type that can live in a [`Tensor`](crate::Tensor): `f32`, `half::f16`,
 /// `half::bf16`, `i32`, `u32`.
 pub trait Element: bytemuck::Pod + Send + Sync + sealed::Sealed {
     /// The tensor dtype for this type.

@@ -40,16 +40,15 @@
 //! # }
 //! ```
 //!
-//! Module map:
-//! - `world`: the ranks, adapter choice, SPMD threads.
-//! - `comm`: [`Communicator`], issue order, the per-communicator progress thread.
-//! - `work`: [`Work`], the async handle (host steps, then a device fence).
-//! - `tensor`: [`Tensor`], [`DType`], [`Element`].
-//! - `algo`: schedules (`ring.rs`) over primitive steps (`prims.rs`).
-//! - `transport`: moving slices between rank devices through host memory.
-//! - `kernels`: the WGSL reduction (`shaders/`), specialised and cached.
-//! - `health`: failure propagation and bounded waits.
-//! - `device`: one rank's wgpu device, with errors turned into values.
+//! Layers, top to bottom (each uses only those below it):
+//! - `api`: [`World`], [`Communicator`], [`Tensor`], [`Work`]: what users call.
+//! - `graph`: traced graphs, on the public API only.
+//! - `runtime`: one collective's life: its typed description, the progress
+//!   thread, hops with health and fingerprint checks, the cost model.
+//! - `algo`: schedules (`ring.rs`, ...) over primitive steps (`prims.rs`).
+//! - `transport`: moving bytes between two ranks behind one trait.
+//! - `device`: one device's owner (the one thread that polls it), buffers,
+//!   the WGSL reduction kernels (`shaders/`).
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 // Nothing reachable from a public call may panic or overflow unnoticed:

@@ -42,10 +42,8 @@ pub fn reduction_wgsl(dtype: DType) -> String {
 
 /// Units each invocation of the reduction kernel handles on a CPU adapter.
 /// There a workgroup costs a scheduling round trip of the driver's thread
-/// pool, so few large workgroups win: the criterion bench
-/// `reduction_kernel_4MiB/float` on lavapipe, interleaved runs, gave
-/// 421/347/298 MiB/s with one unit per invocation and 466/374/391 MiB/s
-/// with 64.
+/// pool, so few large workgroups win (the criterion bench
+/// `reduction_kernel_4MiB/float` measures it; figures in the README).
 const CPU_UNITS_PER_INVOCATION: u64 = 64;
 
 /// Workgroups to dispatch for a `bytes`-byte reduction of `dtype` on an

@@ -39,7 +39,7 @@ pub enum Op {
     Relu,
     /// `grad` where the forward input was positive, else 0 (args: grad, input).
     ReluGrad,
-    /// Sum over rows: [m, n] -> [n].
+    /// Sum over rows: `[m, n]` -> `[n]`.
     SumRows,
     /// Concatenation of 1-D tensors.
     Concat,

@@ -104,7 +104,7 @@ impl Tracer {
         self.elementwise(Op::ReluGrad, vec![grad, x])
     }
 
-    /// Sum over rows: [m, n] -> [n].
+    /// Sum over rows: `[m, n]` -> `[n]`.
     pub fn sum_rows(&mut self, a: NodeId) -> NodeId {
         let (dtype, s) = self.shape(a);
         self.push(
