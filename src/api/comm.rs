@@ -9,10 +9,9 @@
 //! the same order; two communicators (say, the rows and the columns of a
 //! grid from `split`) have separate progress threads and run concurrently.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam::channel::{Sender, unbounded};
 
@@ -27,7 +26,7 @@ use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::profile::{Counters, Profile};
-use crate::runtime::progress::{Op, Output, Progress};
+use crate::runtime::progress::{Inflight, Op, Output, Progress};
 use crate::transport::Stager;
 
 struct Issuer {
@@ -65,7 +64,7 @@ struct Inner {
     timeout: Duration,
     issuer: Mutex<Issuer>,
     /// Ops queued or running on the progress thread.
-    inflight: Arc<AtomicUsize>,
+    inflight: Arc<Inflight>,
     counters: Arc<Counters>,
     tuning: Tuning,
     progress: Mutex<Option<JoinHandle<()>>>,
@@ -115,7 +114,7 @@ impl Communicator {
         tuning: Tuning,
     ) -> Result<Communicator> {
         let (tx, rx) = unbounded();
-        let inflight = Arc::new(AtomicUsize::new(0));
+        let inflight = Arc::new(Inflight::default());
         let counters = Arc::new(Counters::default());
         let thread = Progress {
             counters: counters.clone(),
@@ -813,7 +812,7 @@ impl Communicator {
         let mut issuer = lock(&inner.issuer);
         let fp = call.what.fingerprint(issuer.seq);
         let me = std::thread::current().id();
-        let busy = inner.inflight.load(Ordering::Acquire);
+        let busy = inner.inflight.get();
         match issuer.binding {
             Binding::Run(Some(t)) if t == me => {}
             Binding::Run(_) => {
@@ -852,7 +851,7 @@ impl Communicator {
             });
         }
         issuer.owner = Some(me);
-        inner.inflight.fetch_add(1, Ordering::AcqRel);
+        inner.inflight.add();
         let shape = call.outputs.first().map_or((0, DType::F32), Output::shape);
         let op = Op {
             what: call.what,
@@ -865,7 +864,7 @@ impl Communicator {
         // "in progress" is never overwritten by a late "enqueued".
         inner.health.flight.record(inner.rank, fp, State::Enqueued);
         if issuer.tx.as_ref().is_none_or(|tx| tx.send(op).is_err()) {
-            inner.inflight.fetch_sub(1, Ordering::AcqRel);
+            inner.inflight.done();
             inner.health.flight.record(inner.rank, fp, State::Failed);
             return Err(Error::device(
                 inner.rank,
@@ -911,9 +910,7 @@ impl Communicator {
     pub(crate) fn depart(&self) {
         let inner = &self.inner;
         let deadline = crate::deadline::after(inner.timeout.saturating_mul(2));
-        while inner.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        inner.inflight.wait_idle(deadline);
         inner.health.set_gone(inner.rank);
     }
 
@@ -940,17 +937,14 @@ impl Communicator {
     pub(crate) fn reset(&self) -> Result<()> {
         let inner = &self.inner;
         let deadline = crate::deadline::after(inner.timeout.saturating_mul(2));
-        while inner.inflight.load(Ordering::Acquire) > 0 {
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    rank: inner.rank,
-                    seq: lock(&inner.issuer).seq,
-                    what: "the previous run's collectives to finish".into(),
-                    after: inner.timeout.saturating_mul(2),
-                    flight: inner.health.flight.report(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        if !inner.inflight.wait_idle(deadline) {
+            return Err(Error::Timeout {
+                rank: inner.rank,
+                seq: lock(&inner.issuer).seq,
+                what: "the previous run's collectives to finish".into(),
+                after: inner.timeout.saturating_mul(2),
+                flight: inner.health.flight.report(),
+            });
         }
         inner.endpoint.drain();
         lock(&inner.issuer).seq = 0;

@@ -7,8 +7,7 @@
 //! each op's outcome to its `Work`; a failure is also recorded for the
 //! whole group, so that peers stop waiting at once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crossbeam::channel::Receiver;
@@ -16,7 +15,7 @@ use crossbeam::channel::Receiver;
 use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
 use crate::api::tensor::{DType, Tensor};
 use crate::api::work::WorkState;
-use crate::device::{RankDevice, Ticket};
+use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::Collective;
@@ -28,6 +27,52 @@ use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::transport::{Body, Stager};
+
+/// Ops queued or running on a progress thread. Waiting for it to drain
+/// (a rank that departs, a run that starts) is a condition wait, not a
+/// polling loop.
+#[derive(Default)]
+pub(crate) struct Inflight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl Inflight {
+    pub(crate) fn add(&self) {
+        let mut c = lock(&self.count);
+        *c = c.saturating_add(1);
+    }
+
+    pub(crate) fn done(&self) {
+        let mut c = lock(&self.count);
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        *lock(&self.count)
+    }
+
+    /// Waits until no op is queued or running, or `deadline` passes;
+    /// whether it drained.
+    pub(crate) fn wait_idle(&self, deadline: std::time::Instant) -> bool {
+        let mut c = lock(&self.count);
+        while *c > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            c = self
+                .idle
+                .wait_timeout(c, deadline.saturating_duration_since(now))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        true
+    }
+}
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
 pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
@@ -87,7 +132,7 @@ pub(crate) struct Progress {
     pub health: Arc<Health>,
     pub stage: Stager,
     pub timeout: Duration,
-    pub inflight: Arc<AtomicUsize>,
+    pub inflight: Arc<Inflight>,
     pub counters: Arc<Counters>,
     pub tuning: Tuning,
     /// Made on first use once profiling is on, on adapters with timestamps.
@@ -161,7 +206,7 @@ impl Progress {
                     state.fail(e);
                 }
             }
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            self.inflight.done();
         }
     }
 

@@ -40,8 +40,9 @@ pub(crate) const MAP_FAILED: u8 = 2;
 pub(crate) struct Loan {
     pub(crate) buf: wgpu::Buffer,
     pub(crate) bytes: u64,
-    /// Counts the holders: the owner reuses the buffer once it alone holds it.
-    pub(crate) _hold: Arc<()>,
+    /// Counts the holders: the owner reuses the buffer once it alone holds
+    /// it. Dropped (then the owner woken) in `Drop`.
+    pub(crate) hold: Option<Arc<()>>,
     /// The map state, set by the map callback.
     pub(crate) state: Arc<AtomicU8>,
     pub(crate) owner: Arc<RankDevice>,
@@ -54,6 +55,15 @@ pub(crate) enum LoanError {
     Wait(Error),
     /// The owner's device failed to fill or map it: the owner's failure.
     Owner(String),
+}
+
+impl Drop for Loan {
+    /// Lets go of the buffer, then wakes its owner, which may be waiting
+    /// to reuse it (see `Stager::encode_lend`).
+    fn drop(&mut self) {
+        drop(self.hold.take());
+        self.owner.map_signal().notify();
+    }
 }
 
 impl Loan {

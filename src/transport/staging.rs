@@ -260,6 +260,7 @@ impl Stager {
         p: &Patience,
     ) -> Result<()> {
         let i = self.next_lend;
+        let dev = self.dev.clone();
         let slot = self
             .lends
             .get_mut(i)
@@ -267,12 +268,14 @@ impl Stager {
         p.until(
             || format!("the next rank to let go of a lent buffer of #{}", p.seq),
             |tick| {
+                let seen = dev.generation();
                 if Arc::strong_count(&slot.hold) == 1 {
                     // Pairs with the release of the borrowers' drops.
                     std::sync::atomic::fence(Ordering::Acquire);
                     return Ok(Some(()));
                 }
-                std::thread::sleep(tick.min(std::time::Duration::from_micros(100)));
+                // A dropped loan wakes its owner's waiters.
+                dev.wait_change(seen, tick);
                 Ok(None)
             },
         )?;
@@ -306,7 +309,7 @@ impl Stager {
         Ok(Loan {
             buf: slot.staging.buf.clone(),
             bytes,
-            _hold: slot.hold.clone(),
+            hold: Some(slot.hold.clone()),
             state: slot.staging.state.clone(),
             owner: self.dev.clone(),
             filled,
