@@ -90,6 +90,32 @@ fn an_op_or_dtype_mismatch_is_caught() {
     assert_mismatch(&errors(r), "uint32", "int32");
 }
 
+/// A collective's fingerprint says what its call has and nothing else: a
+/// barrier has no dtype or length, an all_to_all no length (its counts
+/// differ between ranks), and both sides of a mismatch say so.
+#[test]
+fn a_mismatch_describes_each_call_as_it_was_made() {
+    let w = world_with_timeout(N, 30);
+    let r = w
+        .run(|c| -> Result<usize, Error> {
+            if c.rank() == 1 {
+                c.barrier()?.wait().map(|t| t.len())
+            } else {
+                let x = c.tensor(&[c.rank() as i32; N])?;
+                c.all_to_all(&x, None, None)?.wait().map(|t| t.len())
+            }
+        })
+        .expect("run");
+    let errs = errors(r);
+    assert_mismatch(&errs, "#0 barrier()", "#0 all_to_all(int32)");
+    for e in &errs {
+        assert!(
+            !e.to_string().contains("len 0"),
+            "a placeholder length: {e}"
+        );
+    }
+}
+
 #[test]
 fn a_rank_that_skips_a_collective_is_a_mismatch_of_sequence_numbers() {
     let w = world_with_timeout(N, 30);

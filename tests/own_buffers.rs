@@ -423,3 +423,54 @@ fn collectives_follow_stream_order_on_the_ranks_queue() {
         assert_eq!(r.expect("the rank's result"), want);
     }
 }
+
+/// On a device the user made, the engine installs no global callbacks: the
+/// user's own uncaptured-error handler still gets the user's errors, and
+/// the engine's own validation stays in its error scopes.
+#[test]
+fn the_users_error_handler_stays_the_users() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let devices = user_devices(2);
+    let seen = Arc::new(AtomicUsize::new(0));
+    for (dev, _) in &devices {
+        let seen = seen.clone();
+        dev.on_uncaptured_error(Arc::new(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    let world = World::from_devices(devices, WorldConfig::new(2)).expect("a world");
+    let c0 = world.communicator(0).expect("rank 0");
+    // The engine's refusal of a bad wrap is caught in its own scope.
+    let other = world.communicator(1).expect("rank 1");
+    let foreign = user_buffer(other.device(), other.queue(), 256, &[0u8; 0]);
+    assert!(c0.wrap_buffer(&foreign, 0, DType::F32, 4).is_err());
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        0,
+        "the engine's error reached the user's handler"
+    );
+    // A user's own mistake goes to the user's handler.
+    let _bad = c0.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("invalid on purpose"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE,
+        mapped_at_creation: false,
+    });
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "the user's handler did not run"
+    );
+    // And collectives are unaffected.
+    let got = world
+        .run(|c| {
+            c.all_reduce(&c.tensor(&[1u32; 8])?, ReduceOp::Sum)?
+                .wait()?
+                .to_vec::<u32>()
+        })
+        .expect("the run");
+    for r in got {
+        assert_eq!(r.expect("the rank's result"), vec![2u32; 8]);
+    }
+}
