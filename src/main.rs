@@ -16,6 +16,7 @@ use bench::args::{self, Args};
 use bench::{ceiling, report};
 
 fn main() -> ExitCode {
+    wgpu_collectives::init_logging();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("ddp") {
         return match bench::ddp::run(&argv[2..]) {

@@ -286,13 +286,33 @@ impl<'a> Prims<'a> {
 
     /// Sends `span` of the buffer to the next rank.
     pub(crate) fn send(&mut self, span: Span) -> Result<()> {
+        self.step("send", span);
         if span.words == 0 {
             return Ok(());
         }
         self.send_after(self.w.dev.encoder(), span)
     }
 
+    /// Logs a step at `trace` (nothing when that level is off).
+    fn step(&self, name: &'static str, span: Span) {
+        tracing::trace!(
+            rank = self.w.rank,
+            seq = self.w.fp.seq,
+            step = name,
+            word = span.off,
+            words = span.words
+        );
+    }
+
     fn recv_reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
+        self.step(
+            match (last, forward) {
+                (false, _) => "recv_reduce_send",
+                (true, true) => "recv_reduce_copy_send",
+                (true, false) => "recv_reduce",
+            },
+            span,
+        );
         if span.words == 0 {
             return Ok(());
         }
@@ -349,6 +369,7 @@ impl<'a> Prims<'a> {
     /// Receives `span` from the previous rank and stores it (no wait);
     /// returns the received packet, `None` for an empty span.
     fn recv_store(&mut self, span: Span) -> Result<Option<Packet>> {
+        self.step("recv", span);
         if span.words == 0 {
             return Ok(None);
         }

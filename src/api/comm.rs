@@ -872,6 +872,7 @@ impl Communicator {
                 "the progress thread has stopped",
             ));
         }
+        tracing::debug!(rank = inner.rank, seq = fp.seq, collective = %fp, "issued");
         issuer.seq = issuer.seq.wrapping_add(1);
         Ok(Work::new(
             state,

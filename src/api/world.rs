@@ -263,6 +263,25 @@ impl World {
             algorithm: config.algorithm()?,
             cost: CostModel::measure(first)?,
         };
+        tracing::info!(
+            ranks = n,
+            algorithm = ?tuning.algorithm,
+            fence_us = tuning.cost.alpha.as_secs_f64() * 1e6,
+            hop_gbps = tuning.cost.beta / 1e9,
+            dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
+            "world: cost model measured on rank 0's device"
+        );
+        for d in &devices {
+            tracing::info!(
+                rank = d.rank,
+                adapter = %d.info.name,
+                backend = ?d.info.backend,
+                device = if d.adapter.is_some() { "made by the engine" } else { "the user's" },
+                transport = "in-process channels, host staging",
+                loans = d.unified,
+                "world: rank device"
+            );
+        }
         let health = Health::new(n);
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let comms = links

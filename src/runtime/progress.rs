@@ -144,6 +144,7 @@ impl Progress {
         // Ends when the communicator is dropped (its sender with it).
         while let Ok(op) = rx.recv() {
             op.state.start();
+            tracing::debug!(rank = self.rank, seq = op.fp.seq, "started");
             self.health
                 .flight
                 .record(self.rank, op.fp, State::InProgress);
@@ -174,6 +175,7 @@ impl Progress {
             drop((inputs, outputs, what));
             match result {
                 Ok(Ran { last, table }) => {
+                    tracing::debug!(rank = self.rank, seq = fp.seq, "host steps done");
                     self.health.flight.record(self.rank, fp, State::Completed);
                     state.put_outputs(outs, table);
                     state.issued(last);
@@ -183,6 +185,7 @@ impl Progress {
                         last,
                         Box::new(move |ok| {
                             if ok {
+                                tracing::trace!(rank, seq = fp.seq, "device done");
                                 done.gpu_done();
                             } else {
                                 let why = dev.check(Some(fp.seq)).err().unwrap_or_else(|| {
@@ -194,6 +197,7 @@ impl Progress {
                     );
                 }
                 Err(e) => {
+                    tracing::debug!(rank = self.rank, seq = fp.seq, error = %e, "failed");
                     drop(outs);
                     // The schedule is broken for everyone: make peers fail now, not at their timeout.
                     let origin = match &e {
@@ -302,9 +306,11 @@ impl Progress {
                     && words > 0
                 {
                     let stride = words.div_ceil(p.align_words()) * p.align_words();
+                    tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");
                     let all = scratch(&dev, n * stride)?;
                     oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
                 } else {
+                    tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "ring");
                     ring::all_reduce(&mut p, words)?;
                 }
             }
