@@ -68,15 +68,22 @@ pub enum Error {
     },
 
     /// Another rank failed, so this rank's collective cannot complete.
-    #[error("rank {rank}, seq {seq}: peer rank {peer} failed: {reason}")]
+    /// `peer` is the rank that failed first and `reason` its own error,
+    /// once: never a chain of ranks reporting each other.
+    #[error(
+        "rank {rank}, seq {seq}{}: peer rank {peer} failed first: {reason}",
+        doing_at(doing)
+    )]
     PeerFailed {
         /// This rank.
         rank: usize,
         /// The collective that was failed.
         seq: u64,
-        /// The rank that failed.
+        /// What this rank was running (its fingerprint), when known.
+        doing: String,
+        /// The rank that failed first.
         peer: usize,
-        /// Why it failed.
+        /// Why it failed: its own error.
         reason: String,
     },
 
@@ -108,6 +115,14 @@ pub enum Error {
         /// wgpu's message, with what we were doing.
         what: String,
     },
+}
+
+fn doing_at(doing: &str) -> String {
+    if doing.is_empty() {
+        String::new()
+    } else {
+        format!(" ({doing})")
+    }
 }
 
 fn at(rank: Option<usize>, seq: Option<u64>) -> String {

@@ -215,6 +215,48 @@ fn wait_timeout_bounds_a_single_wait() {
     }
 }
 
+/// A failure that travels through ranks reads as one sentence: each rank
+/// names the rank that failed first and that rank's own words, once, and
+/// says what it was running itself; never "rank 0 ...: peer rank 2
+/// failed: rank 1 ...: peer rank 2 failed: ...".
+#[test]
+fn a_failure_chain_names_the_first_failure_once() {
+    let w = world_with_timeout(3, 30);
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 100])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            if c.rank() == 2 {
+                return Ok(());
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    for (rank, res) in r.into_iter().enumerate().take(2) {
+        let e = res.expect_err("a peer left");
+        let text = e.to_string();
+        match &e {
+            Error::PeerFailed {
+                rank: me,
+                peer: 2,
+                doing,
+                reason,
+                ..
+            } => {
+                assert_eq!(*me, rank, "{text}");
+                assert_eq!(doing, "#1 all_reduce(float, len 100, sum)", "{text}");
+                assert!(
+                    reason.starts_with("rank 2 returned from its closure without issuing #1"),
+                    "{text}"
+                );
+            }
+            other => panic!("rank {rank}: expected PeerFailed naming rank 2, got {other}"),
+        }
+        assert_eq!(text.matches("failed first").count(), 1, "nested: {text}");
+        assert_eq!(text.matches("seq").count(), 1, "nested: {text}");
+    }
+}
+
 #[test]
 fn a_rank_that_returns_early_fails_its_peers_within_a_second() {
     let w = world_with_timeout(N, 30);

@@ -80,6 +80,21 @@ impl Flight {
         });
     }
 
+    /// What `rank` was running as collective `seq` (its fingerprint), or
+    /// an empty string when it is no longer (or not yet) recorded.
+    pub(crate) fn doing(&self, rank: usize, seq: u64) -> String {
+        self.ranks
+            .get(rank)
+            .and_then(|ring| {
+                lock(ring)
+                    .iter()
+                    .rev()
+                    .find(|e| e.fp.seq == seq)
+                    .map(|e| e.fp.to_string())
+            })
+            .unwrap_or_default()
+    }
+
     /// Forgets everything (a new run starts its sequence numbers at 0).
     pub(crate) fn clear(&self) {
         for r in &self.ranks {

@@ -164,9 +164,19 @@ impl Health {
                 after,
                 flight,
             },
+            // The first failure's own words, once: a rank that reported
+            // a peer's failure passes on the peer's reason, not its report.
+            Error::PeerFailed { reason, .. } => Error::PeerFailed {
+                rank,
+                seq,
+                doing: self.flight.doing(rank, seq),
+                peer: f.origin,
+                reason,
+            },
             e => Error::PeerFailed {
                 rank,
                 seq,
+                doing: self.flight.doing(rank, seq),
                 peer: f.origin,
                 reason: e.to_string(),
             },

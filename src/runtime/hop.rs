@@ -22,6 +22,7 @@ pub(crate) fn post(link: &Link, peer: usize, packet: Packet, w: &Waiter) -> Resu
     link.send(peer, packet).map_err(|_| Error::PeerFailed {
         rank: w.rank,
         seq: w.fp.seq,
+        doing: w.fp.to_string(),
         peer,
         reason: "its end of the link is gone".into(),
     })
@@ -33,6 +34,7 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
     let gone = || Error::PeerFailed {
         rank: w.rank,
         seq: w.fp.seq,
+        doing: w.fp.to_string(),
         peer,
         reason: "its end of the link is gone".into(),
     };
@@ -52,6 +54,7 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
                     Ok(None) => w.health.check(w.rank, w.fp.seq).and(Err(Error::PeerFailed {
                         rank: w.rank,
                         seq: w.fp.seq,
+                        doing: w.fp.to_string(),
                         peer,
                         reason: format!(
                             "rank {peer} returned from its closure without issuing {}",
