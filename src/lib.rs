@@ -90,4 +90,5 @@ pub use error::{Error, Result};
 pub use logging::init_logging;
 pub use op::ReduceOp;
 pub use runtime::cost::{Algorithm, CostModel};
+pub use runtime::flight::{FlightEntry, FlightRecord, FlightState};
 pub use runtime::profile::Profile;

@@ -202,6 +202,12 @@ impl Communicator {
         self.inner.dev.resources_created()
     }
 
+    /// What every rank of this communicator's group last did (see
+    /// [`World::flight_record`](crate::World::flight_record)).
+    pub fn flight_record(&self) -> crate::FlightRecord {
+        self.inner.health.flight_record()
+    }
+
     /// Waits (at most the world's timeout) until the device has run
     /// everything submitted to this rank's queue so far, by the engine or
     /// anyone else, as `torch.cuda.synchronize()` does.

@@ -13,6 +13,7 @@ use crate::api::comm::{Communicator, panic_message};
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
 use crate::runtime::cost::{Algorithm, CostModel, Tuning};
+use crate::runtime::flight::FlightRecord;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::transport::local::mesh;
@@ -30,6 +31,8 @@ pub struct WorldConfig {
     algorithm: Option<Algorithm>,
     required_features: wgpu::Features,
     required_limits: Option<wgpu::Limits>,
+    flight_depth: Option<usize>,
+    flight_dump: Option<std::path::PathBuf>,
 }
 
 impl WorldConfig {
@@ -45,7 +48,53 @@ impl WorldConfig {
             algorithm: None,
             required_features: wgpu::Features::empty(),
             required_limits: None,
+            flight_depth: None,
+            flight_dump: None,
         }
+    }
+
+    /// Collectives each rank's flight record keeps (default: the
+    /// `WGPU_COLLECTIVES_FLIGHT_DEPTH` environment variable, else 64).
+    pub fn with_flight_depth(mut self, depth: usize) -> Self {
+        self.flight_depth = Some(depth);
+        self
+    }
+
+    /// Where the first failure of a group (a timeout, a mismatch, a peer
+    /// failure) writes the flight record as JSON: `PATH.ranks-LO-HI.json`,
+    /// with the group's world ranks (default: the
+    /// `WGPU_COLLECTIVES_FLIGHT_DUMP` environment variable, else nowhere).
+    pub fn with_flight_dump(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.flight_dump = Some(path.into());
+        self
+    }
+
+    fn flight_depth(&self) -> Result<usize> {
+        if let Some(d) = self.flight_depth {
+            return Ok(d.max(1));
+        }
+        match std::env::var("WGPU_COLLECTIVES_FLIGHT_DEPTH") {
+            Ok(s) if !s.is_empty() => {
+                s.parse::<usize>()
+                    .ok()
+                    .filter(|&d| d > 0)
+                    .ok_or_else(|| Error::InvalidArgument {
+                        rank: None,
+                        what: format!(
+                            "WGPU_COLLECTIVES_FLIGHT_DEPTH={s:?}: expected a count above 0"
+                        ),
+                    })
+            }
+            _ => Ok(crate::runtime::flight::DEFAULT_DEPTH),
+        }
+    }
+
+    fn flight_dump(&self) -> Option<std::path::PathBuf> {
+        self.flight_dump.clone().or_else(|| {
+            std::env::var_os("WGPU_COLLECTIVES_FLIGHT_DUMP")
+                .filter(|s| !s.is_empty())
+                .map(Into::into)
+        })
     }
 
     /// Features the devices [`World::new`] makes must have (on top of
@@ -282,7 +331,7 @@ impl World {
                 "world: rank device"
             );
         }
-        let health = Health::new(n);
+        let health = Health::new(n, config.flight_depth()?, config.flight_dump());
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let comms = links
             .into_iter()
@@ -454,6 +503,13 @@ impl World {
             }
         }
         Ok(results)
+    }
+
+    /// What every rank of the world last did: its recent collectives with
+    /// their states and times (see [`FlightRecord`]; `Display` and
+    /// `to_json` for people and tools).
+    pub fn flight_record(&self) -> FlightRecord {
+        self.health.flight_record()
     }
 
     /// Rank `r`'s communicator over the whole world, for use outside `run`.

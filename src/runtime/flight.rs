@@ -2,60 +2,184 @@
 //!
 //! When a collective times out, the useful question is "which rank is
 //! behind, and where": one rank stuck in #41 while the others wait in #42
-//! says at once who to look at. Every rank keeps its last
-//! [`DEPTH`] collectives with their state and when it last changed, and a
-//! timeout error carries all ranks' records (as NCCL's and PyTorch's flight
-//! recorders do).
+//! says at once who to look at. Every rank keeps its last collectives
+//! (64 by default, `WGPU_COLLECTIVES_FLIGHT_DEPTH`) with their state and
+//! when it changed. A timeout error carries the newest of them in its
+//! text; [`World::flight_record`](crate::World::flight_record) and
+//! [`Communicator::flight_record`](crate::Communicator::flight_record)
+//! give all of it as data, with a JSON form; and the first failure of a
+//! group writes it to `WGPU_COLLECTIVES_FLIGHT_DUMP` when that is set (as
+//! NCCL's and PyTorch's flight recorders do).
 
 use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::device::lock;
 use crate::runtime::fingerprint::Fingerprint;
 
-/// Collectives remembered per rank.
-pub(crate) const DEPTH: usize = 16;
+/// Collectives remembered per rank unless configured.
+pub(crate) const DEFAULT_DEPTH: usize = 64;
+
+/// Collectives per rank an error's text shows (the newest).
+const IN_ERRORS: usize = 16;
 
 /// Where a collective is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
+#[non_exhaustive]
+pub enum FlightState {
+    /// Issued, waiting for the progress thread.
     Enqueued,
+    /// The progress thread is running its steps.
     InProgress,
+    /// Its host steps are done (the device may still be finishing).
     Completed,
+    /// It failed.
     Failed,
 }
 
-impl State {
-    fn name(self) -> &'static str {
+impl FlightState {
+    /// The state's name, as the record prints it.
+    pub fn name(self) -> &'static str {
         match self {
-            State::Enqueued => "enqueued",
-            State::InProgress => "in progress",
-            State::Completed => "completed",
-            State::Failed => "failed",
+            FlightState::Enqueued => "enqueued",
+            FlightState::InProgress => "in progress",
+            FlightState::Completed => "completed",
+            FlightState::Failed => "failed",
         }
     }
 }
 
+pub(crate) use FlightState as State;
+
+#[derive(Clone)]
 struct Entry {
     fp: Fingerprint,
     state: State,
     since: Instant,
+    issued_at: SystemTime,
+    changed_at: SystemTime,
+}
+
+/// One collective in the record.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FlightEntry {
+    /// Its sequence number in its communicator.
+    pub seq: u64,
+    /// Its kind (`all_reduce`, `barrier`, ...).
+    pub collective: &'static str,
+    /// What it was, as ranks compare it (`#3 all_reduce(float, len 1000, sum)`).
+    pub fingerprint: String,
+    /// Bytes per rank, where every rank moves the same.
+    pub bytes: Option<usize>,
+    /// Its state when the record was read.
+    pub state: FlightState,
+    /// When it was issued.
+    pub issued_at: SystemTime,
+    /// When its state last changed.
+    pub changed_at: SystemTime,
+    /// How long it had been in its state when the record was read.
+    pub age: Duration,
+}
+
+/// The recent collectives of every rank of a group, oldest first.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FlightRecord {
+    /// Entry r: rank r's collectives (ranks in the group; see `world_ranks`).
+    pub ranks: Vec<Vec<FlightEntry>>,
+    /// Each group rank's rank in the world.
+    pub world_ranks: Vec<usize>,
+}
+
+impl FlightRecord {
+    /// The record as JSON: `{"ranks": [{"rank": r, "world_rank": w,
+    /// "collectives": [{"seq", "collective", "fingerprint", "bytes",
+    /// "state", "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
+    /// microseconds since the Unix epoch.
+    pub fn to_json(&self) -> String {
+        let micros = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros())
+        };
+        let ranks: Vec<serde_json::Value> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, entries)| {
+                let collectives: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "seq": e.seq,
+                            "collective": e.collective,
+                            "fingerprint": e.fingerprint,
+                            "bytes": e.bytes,
+                            "state": e.state.name(),
+                            "issued_at_us": micros(e.issued_at),
+                            "changed_at_us": micros(e.changed_at),
+                            "age_us": e.age.as_micros(),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "rank": r,
+                    "world_rank": self.world_ranks.get(r).copied().unwrap_or(r),
+                    "collectives": collectives,
+                })
+            })
+            .collect();
+        serde_json::json!({ "ranks": ranks }).to_string()
+    }
+
+    /// The record as an error shows it: the newest `per_rank` of each rank.
+    fn text(&self, per_rank: usize) -> String {
+        let mut s = String::from("\nflight record (last collectives per rank, newest last):");
+        for (rank, entries) in self.ranks.iter().enumerate() {
+            let _ = write!(s, "\n  rank {rank}:");
+            if entries.is_empty() {
+                s.push_str(" nothing issued");
+            }
+            for e in entries.iter().skip(entries.len().saturating_sub(per_rank)) {
+                let _ = write!(s, " [{} {}", e.seq, e.collective);
+                if let Some(bytes) = e.bytes {
+                    let _ = write!(s, " {bytes} bytes");
+                }
+                let _ = write!(s, ", {} {:.3}s]", e.state.name(), e.age.as_secs_f64());
+            }
+        }
+        s
+    }
+}
+
+impl std::fmt::Display for FlightRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text(usize::MAX).trim_start())
+    }
 }
 
 /// Per-rank rings of recent collectives.
 pub(crate) struct Flight {
     ranks: Vec<Mutex<VecDeque<Entry>>>,
+    depth: usize,
 }
 
 impl Flight {
-    pub(crate) fn new(ranks: usize) -> Flight {
+    pub(crate) fn new(ranks: usize, depth: usize) -> Flight {
+        let depth = depth.max(1);
         Flight {
             ranks: (0..ranks)
-                .map(|_| Mutex::new(VecDeque::with_capacity(DEPTH)))
+                .map(|_| Mutex::new(VecDeque::with_capacity(depth)))
                 .collect(),
+            depth,
         }
+    }
+
+    /// Collectives remembered per rank.
+    pub(crate) fn depth(&self) -> usize {
+        self.depth
     }
 
     /// Records that `rank`'s collective `fp` is now in `state`.
@@ -64,19 +188,22 @@ impl Flight {
             return;
         };
         let mut ring = lock(ring);
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), SystemTime::now());
         if let Some(e) = ring.iter_mut().rev().find(|e| e.fp.seq == fp.seq) {
             e.state = state;
             e.since = now;
+            e.changed_at = wall;
             return;
         }
-        if ring.len() == DEPTH {
+        if ring.len() >= self.depth {
             ring.pop_front();
         }
         ring.push_back(Entry {
             fp,
             state,
             since: now,
+            issued_at: wall,
+            changed_at: wall,
         });
     }
 
@@ -102,29 +229,33 @@ impl Flight {
         }
     }
 
-    /// The record of every rank, one line each, newest collective last.
-    pub(crate) fn report(&self) -> String {
+    /// The whole record, as data; `world_ranks` maps group ranks to the world's.
+    pub(crate) fn snapshot(&self, world_ranks: Vec<usize>) -> FlightRecord {
         let now = Instant::now();
-        let mut s = String::from("\nflight record (last collectives per rank, newest last):");
-        for (rank, ring) in self.ranks.iter().enumerate() {
-            let ring = lock(ring);
-            let _ = write!(s, "\n  rank {rank}:");
-            if ring.is_empty() {
-                s.push_str(" nothing issued");
-            }
-            for e in ring.iter() {
-                let _ = write!(s, " [{} {}", e.fp.seq, e.fp.kind.name());
-                if let Some(bytes) = e.fp.bytes() {
-                    let _ = write!(s, " {bytes} bytes");
-                }
-                let _ = write!(
-                    s,
-                    ", {} {:.3}s]",
-                    e.state.name(),
-                    now.saturating_duration_since(e.since).as_secs_f64()
-                );
-            }
-        }
-        s
+        let ranks = self
+            .ranks
+            .iter()
+            .map(|ring| {
+                lock(ring)
+                    .iter()
+                    .map(|e| FlightEntry {
+                        seq: e.fp.seq,
+                        collective: e.fp.kind.name(),
+                        fingerprint: e.fp.to_string(),
+                        bytes: e.fp.bytes(),
+                        state: e.state,
+                        issued_at: e.issued_at,
+                        changed_at: e.changed_at,
+                        age: now.saturating_duration_since(e.since),
+                    })
+                    .collect()
+            })
+            .collect();
+        FlightRecord { ranks, world_ranks }
+    }
+
+    /// The newest collectives of every rank, one line each, for an error.
+    pub(crate) fn report(&self) -> String {
+        self.snapshot(Vec::new()).text(IN_ERRORS)
     }
 }

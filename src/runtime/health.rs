@@ -16,7 +16,7 @@ use crate::deadline::{Patience, Watch};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
-use crate::runtime::flight::Flight;
+use crate::runtime::flight::{Flight, FlightRecord};
 use crate::runtime::hop::Link;
 use crate::transport::local::mesh;
 
@@ -32,6 +32,8 @@ pub(crate) struct Health {
     parent: Option<(Arc<Health>, Vec<usize>)>,
     /// Groups being formed by `split`, until every member has joined.
     forming: Mutex<HashMap<(u64, u32), Forming>>,
+    /// Where the first failure writes the flight record (JSON), if anywhere.
+    dump: Option<std::path::PathBuf>,
 }
 
 /// A group one `split` is forming: its links, and its shared record.
@@ -47,17 +49,66 @@ struct Failure {
 }
 
 impl Health {
-    pub(crate) fn new(ranks: usize) -> Arc<Health> {
-        Arc::new(Health::with_parent(ranks, None))
+    /// A world's group of `ranks`, remembering `depth` collectives per rank.
+    pub(crate) fn new(ranks: usize, depth: usize, dump: Option<std::path::PathBuf>) -> Arc<Health> {
+        Arc::new(Health {
+            failure: Mutex::new(None),
+            gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
+            flight: Flight::new(ranks, depth),
+            parent: None,
+            forming: Mutex::new(HashMap::new()),
+            dump,
+        })
     }
 
-    fn with_parent(ranks: usize, parent: Option<(Arc<Health>, Vec<usize>)>) -> Health {
+    fn with_parent(ranks: usize, parent: (Arc<Health>, Vec<usize>)) -> Health {
         Health {
             failure: Mutex::new(None),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
-            flight: Flight::new(ranks),
-            parent,
+            flight: Flight::new(ranks, parent.0.flight.depth()),
+            dump: parent.0.dump.clone(),
+            parent: Some(parent),
             forming: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Each rank's rank in the world.
+    pub(crate) fn world_ranks(&self) -> Vec<usize> {
+        let n = self.gone.len();
+        match &self.parent {
+            None => (0..n).collect(),
+            Some((p, map)) => {
+                let up = p.world_ranks();
+                map.iter()
+                    .map(|&r| up.get(r).copied().unwrap_or(r))
+                    .collect()
+            }
+        }
+    }
+
+    /// The flight record of every rank of the group, as data.
+    pub(crate) fn flight_record(&self) -> FlightRecord {
+        self.flight.snapshot(self.world_ranks())
+    }
+
+    /// Writes the flight record where `WGPU_COLLECTIVES_FLIGHT_DUMP` (or
+    /// the config) says, the group's world ranks in the file name
+    /// (`PATH.ranks-0-3.json`), so that processes and groups never
+    /// overwrite each other.
+    fn write_dump(&self) {
+        let Some(path) = &self.dump else { return };
+        let record = self.flight_record();
+        let ranks = &record.world_ranks;
+        let (lo, hi) = (
+            ranks.iter().min().copied().unwrap_or(0),
+            ranks.iter().max().copied().unwrap_or(0),
+        );
+        let mut name = path.clone().into_os_string();
+        name.push(format!(".ranks-{lo}-{hi}.json"));
+        if let Err(e) = std::fs::write(&name, record.to_json()) {
+            tracing::warn!(path = ?name, error = %e, "could not write the flight record");
+        } else {
+            tracing::info!(path = ?name, "flight record written");
         }
     }
 
@@ -76,7 +127,7 @@ impl Health {
             endpoints: mesh(parents.len()).into_iter().map(Some).collect(),
             health: Arc::new(Health::with_parent(
                 parents.len(),
-                Some((this.clone(), parents.to_vec())),
+                (this.clone(), parents.to_vec()),
             )),
         });
         let endpoint = f
@@ -114,8 +165,15 @@ impl Health {
     /// Records that rank `origin` failed with `error` (the first record wins).
     pub(crate) fn fail(&self, origin: usize, error: Error) {
         let mut f = lock(&self.failure);
-        if f.is_none() {
-            *f = Some(Failure { origin, error });
+        if f.is_some() {
+            return;
+        }
+        // An abort is asked for, not a failure to investigate.
+        let dump = !matches!(error, Error::Aborted { .. });
+        *f = Some(Failure { origin, error });
+        drop(f);
+        if dump {
+            self.write_dump();
         }
     }
 
