@@ -40,15 +40,13 @@
 //! # }
 //! ```
 //!
-//! Layers, top to bottom (each uses only those below it):
-//! - `api`: [`World`], [`Communicator`], [`Tensor`], [`Work`]: what users call.
-//! - `graph`: traced graphs, on the public API only.
-//! - `runtime`: one collective's life: its typed description, the progress
-//!   thread, hops with health and fingerprint checks, the cost model.
-//! - `algo`: schedules (`ring.rs`, ...) over primitive steps (`prims.rs`).
-//! - `transport`: moving bytes between two ranks behind one trait.
-//! - `device`: one device's owner (the one thread that polls it), buffers,
-//!   the WGSL reduction kernels (`shaders/`).
+//! What there is: [`World`] and [`WorldConfig`] (the ranks, their
+//! devices, SPMD runs), [`Communicator`] (a rank's view of a group: tensors,
+//! collectives, its device), [`Tensor`] and [`Work`] (the handle a
+//! collective returns), [`Error`]; the [`graph`] module (traced graphs,
+//! passes, an executor); [`FlightRecord`] (what every rank last did);
+//! [`init_logging`] (the engine's logs). The README's "Layout" shows how
+//! the engine inside is layered.
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 // Nothing reachable from a public call may panic or overflow unnoticed:

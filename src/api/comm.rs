@@ -228,11 +228,35 @@ impl Communicator {
     }
 
     /// A tensor on this rank's device holding `data`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let x = c.tensor(&[half::bf16::from_f32(1.5); 3])?;
+    ///     assert_eq!((x.len(), x.dtype(), x.rank()), (3, DType::BF16, c.rank()));
+    ///     Ok(x.to_vec::<half::bf16>()?.iter().map(|v| v.to_f32()).collect())
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![1.5; 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn tensor<T: Element>(&self, data: &[T]) -> Result<Tensor> {
         Tensor::from_slice(&self.inner.dev, data)
     }
 
     /// A zero-filled tensor on this rank's device.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     c.zeros(DType::F32, 3)?.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![0.0; 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn zeros(&self, dtype: DType, len: usize) -> Result<Tensor> {
         Tensor::zeros(&self.inner.dev, dtype, len)
     }
@@ -253,6 +277,27 @@ impl Communicator {
     /// where they lie; others are copied to a pooled buffer on the device
     /// and back, around the collective. Stream order holds either way (see
     /// [`Communicator::queue`]).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     // A buffer of the user's own, 8 floats; the view is the middle 4.
+    ///     let buffer = c.device().create_buffer(&wgpu::BufferDescriptor {
+    ///         label: Some("mine"),
+    ///         size: 32,
+    ///         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+    ///         mapped_at_creation: false,
+    ///     });
+    ///     c.queue().write_buffer(&buffer, 8, bytemuck::cast_slice(&[c.rank() as f32 + 1.0; 4]));
+    ///     let view = c.wrap_buffer(&buffer, 8, DType::F32, 4)?;
+    ///     c.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
+    ///     view.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn wrap_buffer(
         &self,
         buffer: &wgpu::Buffer,
@@ -273,6 +318,18 @@ impl Communicator {
 
     /// Sum (or another reduction) of `x` over all ranks, into a new tensor.
     /// Returns at once; `x` must not be written until the `Work` completes.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as f32 + 1.0; 4])?; // rank 0: 1s, rank 1: 2s
+    ///     c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![3.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         let out = self.output(x.dtype(), x.len())?;
@@ -288,6 +345,19 @@ impl Communicator {
     }
 
     /// Like [`all_reduce`](Self::all_reduce), leaving the result in `x`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as f32 + 1.0; 4])?; // rank 0: 1s, rank 1: 2s
+    ///     c.all_reduce_in_place(&x, ReduceOp::Max)?.wait()?;
+    ///     x.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.issue(Call::one(
@@ -304,6 +374,20 @@ impl Communicator {
     /// Like [`all_reduce`](Self::all_reduce), into `out` (a tensor of this
     /// rank of `x`'s dtype and length, wrapped or not; `x` itself for in
     /// place). `wait()` returns `out`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as f32 + 1.0; 4])?; // rank 0: 1s, rank 1: 2s
+    ///     let out = c.zeros(DType::F32, 4)?;
+    ///     c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    ///     out.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         let out = self.given(x, out, x.len(), true)?;
@@ -320,6 +404,20 @@ impl Communicator {
 
     /// Like [`all_gather`](Self::all_gather), into `out` (n x `x.len()`
     /// elements of `x`'s dtype, not overlapping `x`).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32; 2])?;
+    ///     let out = c.zeros(DType::I32, 4)?;
+    ///     c.all_gather_into(&x, &out)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![0, 0, 1, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<Work> {
         self.check_tensor(x)?;
         let out = self.given(x, out, self.gathered_len(x)?, false)?;
@@ -335,6 +433,20 @@ impl Communicator {
 
     /// Like [`reduce_scatter`](Self::reduce_scatter), into `out`
     /// (`x.len()` / n elements of `x`'s dtype, not overlapping `x`).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[1, 2, 3, 4])?;
+    ///     let out = c.zeros(DType::I32, 2)?;
+    ///     c.reduce_scatter_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![6, 8]);
+    /// # Ok(()) }
+    /// ```
     pub fn reduce_scatter_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
@@ -352,6 +464,20 @@ impl Communicator {
 
     /// Like [`broadcast`](Self::broadcast), into `out` (`x`'s dtype and
     /// length; `x` itself for in place).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[10 * c.rank() as i32 + 1])?;
+    ///     let out = c.zeros(DType::I32, 1)?;
+    ///     c.broadcast_into(&x, &out, 1)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![11]);
+    /// # Ok(()) }
+    /// ```
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
         self.check_tensor(x)?;
         self.check_root(root)?;
@@ -369,6 +495,20 @@ impl Communicator {
 
     /// Like [`reduce`](Self::reduce), into `out` (`x`'s dtype and length;
     /// `x` itself for in place).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32 + 1])?;
+    ///     let out = c.zeros(DType::I32, 1)?;
+    ///     c.reduce_into(&x, &out, ReduceOp::Sum, 0)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3]); // at the root
+    /// # Ok(()) }
+    /// ```
     pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
@@ -387,6 +527,21 @@ impl Communicator {
 
     /// Like [`all_to_all`](Self::all_to_all), into `out` (the sum of the
     /// receive counts, elements of `x`'s dtype, not overlapping `x`).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let r = 10 * c.rank() as i32;
+    ///     let x = c.tensor(&[r, r + 1])?; // piece j goes to rank j
+    ///     let out = c.zeros(DType::I32, 2)?;
+    ///     c.all_to_all_into(&x, &out, None, None)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![1, 11]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_to_all_into(
         &self,
         x: &Tensor,
@@ -445,6 +600,18 @@ impl Communicator {
     }
 
     /// Every rank's `x`, concatenated in rank order: length n x len.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32; 2])?;
+    ///     c.all_gather(&x)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![0, 0, 1, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
         self.check_tensor(x)?;
         let out = self.output(x.dtype(), self.gathered_len(x)?)?;
@@ -460,6 +627,19 @@ impl Communicator {
 
     /// Reduces `x` over all ranks and gives rank r the r-th of n equal
     /// slices; `x.len()` must be divisible by n.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[1, 2, 3, 4])?;
+    ///     c.reduce_scatter(&x, ReduceOp::Sum)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2, 4]);
+    /// assert_eq!(got[1].clone()?, vec![6, 8]);
+    /// # Ok(()) }
+    /// ```
     pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
@@ -477,6 +657,18 @@ impl Communicator {
 
     /// The root's `x` on every rank, in a new tensor (every rank passes a
     /// tensor of the same dtype and length; only the root's values matter).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[10 * c.rank() as i32 + 1])?;
+    ///     c.broadcast(&x, 1)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![11]);
+    /// # Ok(()) }
+    /// ```
     pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
         self.check_tensor(x)?;
         self.check_root(root)?;
@@ -494,6 +686,18 @@ impl Communicator {
 
     /// The reduction of every rank's `x`, in the root's output. Other
     /// ranks' outputs hold the partial reduction they passed on.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32 + 1])?;
+    ///     c.reduce(&x, ReduceOp::Sum, 0)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3]); // at the root
+    /// # Ok(()) }
+    /// ```
     pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
@@ -514,6 +718,23 @@ impl Communicator {
     /// receives `recv_counts[j]` from it, rank-major in the output. `None`
     /// splits `x` evenly (its length must then be divisible by n). Counts
     /// that disagree between ranks fail on every rank involved.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let r = 10 * c.rank() as i32;
+    ///     // Uneven: rank 0 sends one element to each rank, rank 1 both to rank 0.
+    ///     let send = if c.rank() == 0 { [1, 1] } else { [2, 0] };
+    ///     let recv = if c.rank() == 0 { [1, 2] } else { [1, 0] };
+    ///     let x = c.tensor(&[r, r + 1])?;
+    ///     c.all_to_all(&x, Some(&send), Some(&recv))?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![0, 10, 11]);
+    /// assert_eq!(got[1].clone()?, vec![1]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_to_all(
         &self,
         x: &Tensor,
@@ -581,6 +802,18 @@ impl Communicator {
     }
 
     /// Completes once every rank has called it.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<usize, Error> {
+    ///     c.barrier()?.wait()?; // every rank has arrived
+    ///     Ok(c.rank())
+    /// })?;
+    /// assert_eq!(got.into_iter().collect::<Result<Vec<_>, _>>()?, vec![0, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn barrier(&self) -> Result<Work> {
         // Its `Work` gives an empty tensor.
         let out = self.output(DType::F32, 0)?;
@@ -593,6 +826,19 @@ impl Communicator {
 
     /// All-reduces several tensors of one dtype in one ring pass over their
     /// concatenation; `wait_all` gives the outputs in order.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<Vec<f32>>, Error> {
+    ///     let xs = [c.tensor(&[1.0f32])?, c.tensor(&[2.0f32; 3])?];
+    ///     let outs = c.all_reduce_coalesced(&xs, ReduceOp::Sum)?.wait_all()?;
+    ///     outs.iter().map(|t| t.to_vec::<f32>()).collect()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![vec![2.0], vec![4.0; 3]]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
         let dtype = self.check_coalesced(xs)?;
         for x in xs {
@@ -607,6 +853,19 @@ impl Communicator {
     }
 
     /// `all_gather` of several tensors of one dtype as one `Work`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<Vec<u32>>, Error> {
+    ///     let xs = [c.tensor(&[c.rank() as u32])?, c.tensor(&[7u32; 2])?];
+    ///     let outs = c.all_gather_coalesced(&xs)?.wait_all()?;
+    ///     outs.iter().map(|t| t.to_vec::<u32>()).collect()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![vec![0, 1], vec![7; 4]]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_gather_coalesced(&self, xs: &[Tensor]) -> Result<Work> {
         let dtype = self.check_coalesced(xs)?;
         let outs = xs
@@ -618,6 +877,19 @@ impl Communicator {
     }
 
     /// `reduce_scatter` of several tensors of one dtype as one `Work`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<Vec<u32>>, Error> {
+    ///     let xs = [c.tensor(&[1u32, 2])?, c.tensor(&[3u32, 4, 5, 6])?];
+    ///     let outs = c.reduce_scatter_coalesced(&xs, ReduceOp::Sum)?.wait_all()?;
+    ///     outs.iter().map(|t| t.to_vec::<u32>()).collect()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![vec![4], vec![10, 12]]);
+    /// # Ok(()) }
+    /// ```
     pub fn reduce_scatter_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
         let dtype = self.check_coalesced(xs)?;
         for x in xs {
@@ -659,6 +931,21 @@ impl Communicator {
     /// communicator (every rank must call it). Ranks passing the same
     /// `color` form a new communicator, ordered by (`key`, rank here);
     /// `None` takes part but gets no communicator.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(4))?;
+    /// let got = world.run(|c| -> Result<(usize, usize, i32), Error> {
+    ///     // Even and odd ranks, each its own group of 2.
+    ///     let Some(sub) = c.split(Some(c.rank() as u32 % 2), c.rank())? else { unreachable!() };
+    ///     let x = sub.tensor(&[c.rank() as i32])?;
+    ///     let sum = sub.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<i32>()?;
+    ///     Ok((sub.rank(), sub.size(), sum[0]))
+    /// })?;
+    /// assert_eq!(got[3].clone()?, (1, 2, 1 + 3)); // rank 3 is the odd group's rank 1
+    /// # Ok(()) }
+    /// ```
     pub fn split(&self, color: Option<u32>, key: usize) -> Result<Option<Communicator>> {
         let work = self.issue(Call {
             what: Collective::Split { color, key },

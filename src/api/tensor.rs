@@ -295,6 +295,18 @@ impl Tensor {
     /// A new tensor of `len` elements on the same rank's device, whose
     /// contents are unspecified (its buffer comes from the device's pool,
     /// as a collective's output does): for outputs about to be overwritten.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(1))?;
+    /// let c = world.communicator(0).expect("rank 0");
+    /// let x = c.tensor(&[1.0f32; 4])?;
+    /// let out = x.new_empty(DType::F32, 4)?; // same rank, same device
+    /// c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![1.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn new_empty(&self, dtype: DType, len: usize) -> Result<Tensor> {
         Tensor::output(&self.inner.device, dtype, len)
     }

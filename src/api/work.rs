@@ -166,7 +166,8 @@ impl Work {
         }
     }
 
-    /// Waits for the collective and returns its output.
+    /// Waits for the collective and returns its output (the first, for a
+    /// coalesced call: [`wait_all`](Self::wait_all) gives them all).
     ///
     /// Each phase is bounded by the world's timeout: the host steps from
     /// when they start (time spent queued behind earlier collectives does
@@ -310,6 +311,8 @@ impl Drop for Work {
     }
 }
 
+/// Awaiting a `Work` gives its output (the first, for a coalesced call;
+/// use [`Work::wait_all`] for all of them).
 impl Future for Work {
     type Output = Result<Tensor>;
 

@@ -39,6 +39,14 @@ impl WorldConfig {
     /// A world of `ranks` ranks, with backends and adapter from the
     /// `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` environment variables, and a
     /// 60 s timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use wgpu_collectives::WorldConfig;
+    ///
+    /// let config = WorldConfig::new(4).with_timeout(Duration::from_secs(10));
+    /// assert_eq!(config.ranks(), 4);
+    /// ```
     pub fn new(ranks: usize) -> WorldConfig {
         WorldConfig {
             ranks,
@@ -225,6 +233,16 @@ impl std::fmt::Debug for World {
 impl World {
     /// Finds adapters and creates one device per rank, spread round-robin
     /// over the matching adapters (GPUs preferred over CPU adapters).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// assert_eq!(world.size(), 2);
+    /// let ranks = world.run(|c| c.rank())?;
+    /// assert_eq!(ranks, vec![0, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn new(config: WorldConfig) -> Result<World> {
         check(&config)?;
         let (instance, adapters) = find_adapters(&config)?;
@@ -258,6 +276,24 @@ impl World {
     /// default limits, it falls back. It installs no global callbacks on
     /// them (`on_uncaptured_error`, device-lost: those belong to whoever
     /// made the devices) and catches its own errors in error scopes.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Devices a framework made (here, by hand) on the adapter WGPU_ADAPTER_NAME names.
+    /// let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    /// let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))?;
+    /// let devices = (0..2)
+    ///     .map(|_| pollster::block_on(adapter.request_device(&Default::default())))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let world = World::from_devices(devices, WorldConfig::new(2))?;
+    /// let sums = world.run(|c| -> Result<Vec<u32>, Error> {
+    ///     let x = c.tensor(&[1u32; 3])?;
+    ///     c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec()
+    /// })?;
+    /// assert_eq!(sums[1].clone()?, vec![2; 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn from_devices(
         devices: Vec<(wgpu::Device, wgpu::Queue)>,
         config: WorldConfig,
