@@ -46,6 +46,13 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         vec![ReduceOp::Sum]
     };
     let dtypes = args::dtypes(&a.dtype)?;
+    if a.min_bytes > a.max_bytes {
+        return Err(format!(
+            "-b {} is above -e {}: no size to measure",
+            a.min_bytes, a.max_bytes
+        )
+        .into());
+    }
     if a.collective.rooted() && a.root >= a.ranks {
         return Err(format!("root {} is not one of {} ranks", a.root, a.ranks).into());
     }

@@ -262,10 +262,22 @@ fn bad_arguments_are_refused_with_a_message() {
         (vec!["-d", "f64"], "unknown datatype"),
         (vec!["-b", "1X"], "not a byte count"),
         (vec!["broadcast", "-r", "9", "--ranks", "2"], "root 9"),
+        (vec!["-b", "64K", "-e", "4K"], "is above -e"),
     ] {
         let o = bench(&args);
         assert!(!o.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn help_lists_the_ddp_subcommand() {
+    let o = bench(&["--help"]);
+    assert!(o.status.success());
+    let help = stdout(&o);
+    assert!(
+        help.contains("Subcommands:") && help.contains("ddp "),
+        "{help}"
+    );
 }

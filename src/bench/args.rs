@@ -67,7 +67,12 @@ impl Collective {
 /// nccl-tests for wgpu: measures a collective over simulated ranks on any
 /// Vulkan, Metal or DX12 adapter and prints the nccl-tests table.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    after_help = "Subcommands:\n  ddp    data-parallel MLP training on the graph layer, eager against \
+                  overlapped schedules (`wgpu-collectives ddp --help` for its options)"
+)]
 pub struct Args {
     /// The collective to measure.
     #[arg(value_enum, default_value = "all-reduce")]
