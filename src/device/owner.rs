@@ -19,6 +19,7 @@
 //! driver, never a caller: their waits time out.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,8 +45,6 @@ struct State {
     pending: VecDeque<(u64, wgpu::SubmissionIndex)>,
     /// Callbacks waiting for a ticket.
     callbacks: Vec<(u64, OnDone)>,
-    /// Bumped by every event a waiter may be waiting for.
-    generation: u64,
     /// The first error reported outside an error scope, and whether it is
     /// permanent (device lost, a failed poll) or reported once (a
     /// validation error at submit).
@@ -56,6 +55,12 @@ struct State {
 /// Shared between the owner thread, the device's users and wgpu callbacks.
 pub(crate) struct Signal {
     state: Mutex<State>,
+    /// Bumped (under the state lock) by every event a waiter may be
+    /// waiting for; read without it, so that a waiter's first look costs
+    /// no lock.
+    generation: AtomicU64,
+    /// `State::done`, readable without the lock (written under it).
+    done: AtomicU64,
     /// Waiters wait on this one.
     changed: Condvar,
     /// The owner thread waits on this one (a new submission, `stop`), so
@@ -67,8 +72,8 @@ impl Signal {
     /// Wakes every waiter: something they may wait for has happened (a
     /// map callback fired).
     pub(crate) fn notify(&self) {
-        let mut s = lock(&self.state);
-        s.generation = s.generation.wrapping_add(1);
+        let s = lock(&self.state);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         drop(s);
         self.changed.notify_all();
     }
@@ -79,7 +84,7 @@ impl Signal {
         if s.fault.as_ref().is_none_or(|(_, p)| !p) {
             s.fault = Some((msg, permanent));
         }
-        s.generation = s.generation.wrapping_add(1);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         drop(s);
         self.changed.notify_all();
     }
@@ -104,6 +109,8 @@ impl Owner {
     ) -> std::io::Result<Owner> {
         let signal = Arc::new(Signal {
             state: Mutex::new(State::default()),
+            generation: AtomicU64::new(0),
+            done: AtomicU64::new(0),
             changed: Condvar::new(),
             work: Condvar::new(),
         });
@@ -138,7 +145,7 @@ impl Owner {
 
     /// Whether `t` has completed (never blocks).
     pub(crate) fn is_done(&self, t: Ticket) -> bool {
-        lock(&self.signal.state).done >= t.0
+        self.signal.done.load(Ordering::Acquire) >= t.0
     }
 
     /// Runs `f(true)` once `t` has completed, or `f(false)` if the device
@@ -187,7 +194,7 @@ impl Owner {
 
     /// The current generation, to pass to [`Owner::wait_change`].
     pub(crate) fn generation(&self) -> u64 {
-        lock(&self.signal.state).generation
+        self.signal.generation.load(Ordering::SeqCst)
     }
 
     /// Waits at most `limit` for anything to happen after generation `seen`
@@ -195,7 +202,7 @@ impl Owner {
     pub(crate) fn wait_change(&self, seen: u64, limit: Duration) {
         let deadline = crate::deadline::after(limit);
         let mut s = lock(&self.signal.state);
-        while s.generation == seen {
+        while self.signal.generation.load(Ordering::SeqCst) == seen {
             let now = Instant::now();
             if now >= deadline {
                 return;
@@ -256,6 +263,7 @@ fn run(device: &wgpu::Device, signal: &Signal) {
         let ok = match polled {
             Ok(_) => {
                 s.done = s.done.max(ticket);
+                signal.done.store(s.done, Ordering::Release);
                 while s.pending.front().is_some_and(|(t, _)| *t <= ticket) {
                     s.pending.pop_front();
                 }
@@ -276,7 +284,7 @@ fn run(device: &wgpu::Device, signal: &Signal) {
                 false
             }
         };
-        s.generation = s.generation.wrapping_add(1);
+        signal.generation.fetch_add(1, Ordering::SeqCst);
         drop(s);
         signal.changed.notify_all();
         for (_, f) in ready {

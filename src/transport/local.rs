@@ -16,7 +16,7 @@
 //! slices, with the fence wait moved to the one rank that needs the bytes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
@@ -43,6 +43,8 @@ pub(crate) struct Loan {
     /// Counts the holders: the owner reuses the buffer once it alone holds
     /// it. Dropped (then the owner woken) in `Drop`.
     pub(crate) hold: Option<Arc<()>>,
+    /// Whether the owner is waiting for the holders to let go.
+    pub(crate) awaited: Arc<AtomicBool>,
     /// The map state, set by the map callback.
     pub(crate) state: Arc<AtomicU8>,
     pub(crate) owner: Arc<RankDevice>,
@@ -62,7 +64,13 @@ impl Drop for Loan {
     /// to reuse it (see `Stager::encode_lend`).
     fn drop(&mut self) {
         drop(self.hold.take());
-        self.owner.map_signal().notify();
+        // Fences on both sides: either the owner sees the count fall, or
+        // this sees it waiting (it sets the flag before it checks). A
+        // missed wake would cost a tick, never a hang.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.awaited.load(Ordering::SeqCst) {
+            self.owner.map_signal().notify();
+        }
     }
 }
 

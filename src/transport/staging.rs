@@ -11,7 +11,7 @@
 //! kernels read the upload buffer directly.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::deadline::Patience;
 use crate::device::{RankDevice, Signal, Ticket};
@@ -100,6 +100,9 @@ const LEND_SLOTS: usize = 4;
 struct LendSlot {
     staging: Staging,
     hold: Arc<()>,
+    /// Set while the owner waits for the last borrower to let go, so that
+    /// only then does a dropped loan wake it.
+    awaited: Arc<AtomicBool>,
 }
 
 /// The device side of hops for one communicator on one rank: a read-back
@@ -216,6 +219,7 @@ impl Stager {
                             false,
                         )?,
                         hold: Arc::new(()),
+                        awaited: Arc::new(AtomicBool::new(false)),
                     })
                 })
                 .collect::<Result<_>>()?
@@ -265,20 +269,28 @@ impl Stager {
             .lends
             .get_mut(i)
             .ok_or_else(|| p.device_error("lending before reserve".into()))?;
-        p.until(
+        let released = p.until(
             || format!("the next rank to let go of a lent buffer of #{}", p.seq),
             |tick| {
+                if Arc::strong_count(&slot.hold) == 1 {
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    return Ok(Some(()));
+                }
                 let seen = dev.generation();
+                slot.awaited.store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
                 if Arc::strong_count(&slot.hold) == 1 {
                     // Pairs with the release of the borrowers' drops.
                     std::sync::atomic::fence(Ordering::Acquire);
                     return Ok(Some(()));
                 }
-                // A dropped loan wakes its owner's waiters.
+                // The last loan dropped after the check wakes us (see `Loan::drop`).
                 dev.wait_change(seen, tick);
                 Ok(None)
             },
-        )?;
+        );
+        slot.awaited.store(false, Ordering::SeqCst);
+        released?;
         // Its borrowers waited for the map; this only waits when one
         // dropped it unread (a failure).
         if slot.staging.last_use.is_some() {
@@ -310,6 +322,7 @@ impl Stager {
             buf: slot.staging.buf.clone(),
             bytes,
             hold: Some(slot.hold.clone()),
+            awaited: slot.awaited.clone(),
             state: slot.staging.state.clone(),
             owner: self.dev.clone(),
             filled,
