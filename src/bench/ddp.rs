@@ -27,14 +27,14 @@ pub struct DdpArgs {
     /// Layers ([hidden x hidden] each).
     #[arg(long, default_value_t = 8)]
     pub layers: usize,
-    /// Width.
-    #[arg(long, default_value_t = 1024)]
+    /// Width (the default keeps a run under a minute on lavapipe).
+    #[arg(long, default_value_t = 128)]
     pub hidden: usize,
     /// Global batch (split over the ranks).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// Training steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     pub steps: usize,
     /// The schedule to run (default: both, eager first).
     #[arg(long, value_enum)]

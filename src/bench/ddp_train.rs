@@ -195,7 +195,9 @@ fn rank_steps(
         timeline: Vec::new(),
     };
     let (x, y) = m.data();
-    for _ in 0..steps {
+    // Progress for a person watching (rank 0, on a terminal only).
+    let progress = r == 0 && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    for step in 0..steps {
         let mine = |v: &[f32]| c.tensor(&v[r * b * h..(r + 1) * b * h]);
         let mut inputs: Vec<(&str, Tensor)> = vec![("x", mine(&x)?), ("y", mine(&y)?)];
         inputs.extend(
@@ -213,6 +215,16 @@ fn rank_steps(
             .copied()
             .unwrap_or(f32::NAN);
         let step_us = t.elapsed().as_secs_f64() * 1e6;
+        if progress {
+            eprint!(
+                "\r\x1b[Kstep {}/{steps}: loss {loss:.6}, {:.1} ms",
+                step + 1,
+                step_us / 1e3
+            );
+            if step + 1 == steps {
+                eprint!("\r\x1b[K");
+            }
+        }
         let sum = |lane| {
             out.timeline
                 .iter()
