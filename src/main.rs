@@ -126,6 +126,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ceiling.busbw
     );
     println!("#");
+    let mut split = None;
     if let Some(&(bytes, dtype, op)) = jobs.last() {
         let profiles = bench::time_split(&world, a, dtype, op, bytes)?;
         println!(
@@ -138,17 +139,15 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             )
         );
         println!("#");
+        split = Some((bytes, profiles));
     }
 
     if let Some(path) = &a.json {
-        let doc = report::json(
-            a.collective.name(),
-            world.size(),
-            world.adapters(),
-            &ceiling,
-            &rows,
-            avg,
-        );
+        let split = split.as_ref().map(|(bytes, profiles)| report::Split {
+            bytes: *bytes,
+            profiles,
+        });
+        let doc = report::json(a, &world, &ceiling, &rows, avg, split);
         std::fs::write(path, doc).map_err(|e| format!("writing {path}: {e}"))?;
     }
     if let Some(path) = &a.plot {

@@ -153,6 +153,19 @@ fn json_holds_every_row_and_the_ceiling() {
     std::fs::remove_file(&path).ok();
     assert_eq!(doc["collective"], "all_reduce");
     assert_eq!(doc["ranks"], 2);
+    assert_eq!(doc["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(doc["parameters"]["min_bytes"], 1024);
+    assert_eq!(doc["parameters"]["max_bytes"], 4096);
+    assert_eq!(doc["parameters"]["iters"], 1);
+    assert_eq!(doc["parameters"]["dtype"], "all");
+    assert_eq!(doc["placement"], "a device per rank");
+    let split = &doc["time_split"];
+    assert_eq!(split["size"], 4096, "the split is of the last row's size");
+    let per_rank = split["per_collective_per_rank"]
+        .as_array()
+        .expect("per rank");
+    assert_eq!(per_rank.len(), 2);
+    assert!(per_rank[0]["transfers_ms"].as_f64().expect("transfers") >= 0.0);
     assert_eq!(doc["adapters"].as_array().expect("adapters").len(), 2);
     assert!(doc["ceiling"]["host_memcpy_gbps"].as_f64().expect("memcpy") > 0.0);
     assert!(doc["ceiling"]["fence_us"].as_f64().expect("fence") > 0.0);

@@ -1,101 +1,122 @@
 //! What the benchmark writes besides the table: `--json` (every row and
 //! the ceiling) and `--plot` (busbw against size, an SVG).
 
-use std::fmt::Write;
-
 use plotters::prelude::*;
 
+use super::args::Args;
 use super::ceiling::Ceiling;
 use super::{Row, Timing};
 
-fn string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+fn timing(t: &Timing) -> serde_json::Value {
+    serde_json::json!({
+        "time_us": finite(t.us),
+        "algbw_gbps": finite(t.algbw),
+        "busbw_gbps": finite(t.busbw),
+        "wrong": t.wrong,
+    })
 }
 
-fn number(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else {
-        "null".into()
-    }
+/// JSON has no NaN or infinity: those become null.
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
-fn timing(t: &Timing) -> String {
-    format!(
-        "{{\"time_us\": {}, \"algbw_gbps\": {}, \"busbw_gbps\": {}, \"wrong\": {}}}",
-        number(t.us),
-        number(t.algbw),
-        number(t.busbw),
-        t.wrong.map_or("null".into(), |w| w.to_string())
-    )
+/// What the time split measured: the collective's size and each rank's
+/// split per collective.
+pub struct Split<'a> {
+    pub bytes: u64,
+    pub profiles: &'a [wgpu_collectives::Profile],
 }
 
-/// Everything measured, as one JSON document.
+/// Everything measured, as one JSON document: the run's parameters, the
+/// engine's version, where the ranks ran, the ceiling, every row and the
+/// time split.
 pub fn json(
-    collective: &str,
-    ranks: usize,
-    adapters: &[wgpu::AdapterInfo],
+    a: &Args,
+    world: &wgpu_collectives::World,
     ceiling: &Ceiling,
     rows: &[Row],
     avg_busbw: f64,
+    split: Option<Split>,
 ) -> String {
-    let mut s = String::from("{\n");
-    let _ = writeln!(s, "  \"collective\": {},", string(collective));
-    let _ = writeln!(s, "  \"ranks\": {ranks},");
-    let names: Vec<String> = adapters
+    let adapters: Vec<serde_json::Value> = world
+        .adapters()
         .iter()
-        .map(|a| {
-            format!(
-                "{{\"name\": {}, \"backend\": {}, \"driver\": {}}}",
-                string(&a.name),
-                string(&format!("{:?}", a.backend)),
-                string(&a.driver)
-            )
+        .map(|i| {
+            serde_json::json!({
+                "name": i.name,
+                "backend": format!("{:?}", i.backend),
+                "driver": i.driver,
+            })
         })
         .collect();
-    let _ = writeln!(s, "  \"adapters\": [{}],", names.join(", "));
-    let _ = writeln!(
-        s,
-        "  \"ceiling\": {{\"bytes\": {}, \"device_copy_gbps\": {}, \"host_memcpy_gbps\": {}, \"round_trip_gbps\": {}, \"fence_us\": {}, \"busbw_gbps\": {}, \"why\": {}}},",
-        ceiling.bytes,
-        number(ceiling.device_copy),
-        number(ceiling.host_memcpy),
-        number(ceiling.round_trip),
-        number(ceiling.fence_us),
-        number(ceiling.busbw),
-        string(&ceiling.why)
-    );
-    let rows: Vec<String> = rows
+    let rows: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
-            format!(
-                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
-                r.bytes,
-                r.count,
-                string(r.dtype.name()),
-                r.op.map_or("null".into(), |o| string(o.name())),
-                r.root.map_or("null".into(), |x| x.to_string()),
-                timing(&r.out_of_place),
-                r.in_place.as_ref().map_or("null".into(), timing)
-            )
+            serde_json::json!({
+                "size": r.bytes,
+                "count": r.count,
+                "type": r.dtype.name(),
+                "redop": r.op.map(|o| o.name()),
+                "root": r.root,
+                "out_of_place": timing(&r.out_of_place),
+                "in_place": r.in_place.as_ref().map(timing),
+            })
         })
         .collect();
-    let _ = writeln!(s, "  \"rows\": [\n{}\n  ],", rows.join(",\n"));
-    let _ = writeln!(s, "  \"avg_busbw_gbps\": {}", number(avg_busbw));
-    s.push_str("}\n");
-    s
+    let ms = |d: std::time::Duration, n: u64| d.as_secs_f64() * 1e3 / n.max(1) as f64;
+    let split = split.map(|sp| {
+        let ranks: Vec<serde_json::Value> = sp
+            .profiles
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "kernels_ms": ms(p.kernels, p.collectives),
+                    "transfers_ms": ms(p.transfers, p.collectives),
+                    "waiting_ms": ms(p.waiting, p.collectives),
+                    "gpu_timestamps": p.gpu_timestamps,
+                })
+            })
+            .collect();
+        serde_json::json!({ "size": sp.bytes, "per_collective_per_rank": ranks })
+    });
+    let doc = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "collective": a.collective.name(),
+        "ranks": world.size(),
+        "parameters": {
+            "min_bytes": a.min_bytes,
+            "max_bytes": a.max_bytes,
+            "factor": a.step_bytes.is_none().then_some(a.factor),
+            "step_bytes": a.step_bytes,
+            "iters": a.iters,
+            "warmup_iters": a.warmup,
+            "check_iters": a.check,
+            "op": a.op,
+            "dtype": a.dtype,
+            "root": a.collective.rooted().then_some(a.root),
+            "timeout_s": a.timeout,
+        },
+        "placement": "a device per rank",
+        "transport": "in-process channels, host staging",
+        "algorithm": format!("{:?}", world.algorithm()),
+        "adapters": adapters,
+        "ceiling": {
+            "bytes": ceiling.bytes,
+            "device_copy_gbps": finite(ceiling.device_copy),
+            "host_memcpy_gbps": finite(ceiling.host_memcpy),
+            "round_trip_gbps": finite(ceiling.round_trip),
+            "fence_us": finite(ceiling.fence_us),
+            "busbw_gbps": finite(ceiling.busbw),
+            "why": ceiling.why,
+        },
+        "rows": rows,
+        "avg_busbw_gbps": finite(avg_busbw),
+        "time_split": split,
+    });
+    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// busbw against size for each (dtype, op, placement) measured, with the
