@@ -54,8 +54,14 @@ impl Collective {
     }
 
     /// Whether it has an in-place form.
+    /// Whether it has an in-place form (the output is the input): all_gather
+    /// and reduce_scatter's (an input inside the output) are refused by the
+    /// engine, so they have none here.
     pub fn has_in_place(self) -> bool {
-        self == Collective::AllReduce
+        matches!(
+            self,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        )
     }
 
     /// Whether it has a root.

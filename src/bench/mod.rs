@@ -80,7 +80,9 @@ fn issue(
         Collective::AllReduce => c.all_reduce(x, op),
         Collective::AllGather => c.all_gather(x),
         Collective::ReduceScatter => c.reduce_scatter(x, op),
+        Collective::Broadcast if in_place => c.broadcast_into(x, x, a.root),
         Collective::Broadcast => c.broadcast(x, a.root),
+        Collective::Reduce if in_place => c.reduce_into(x, x, op, a.root),
         Collective::Reduce => c.reduce(x, op, a.root),
         Collective::AllToAll => c.all_to_all(x, None, None),
     }
