@@ -300,3 +300,35 @@ fn help_lists_the_ddp_subcommand() {
         "{help}"
     );
 }
+
+#[test]
+fn the_ddp_timeline_labels_every_lane() {
+    let path = temp("timeline.svg");
+    let o = bench(&[
+        "ddp",
+        "--ranks",
+        "2",
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--batch",
+        "8",
+        "--steps",
+        "1",
+        "--timeline",
+        path.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    let svg = std::fs::read_to_string(&path).expect("the timeline written");
+    std::fs::remove_file(&path).ok();
+    well_formed_svg(&svg).expect("a well-formed SVG");
+    for lane in [
+        "rank 0 compute",
+        "rank 0 comm",
+        "rank 1 compute",
+        "rank 1 comm",
+    ] {
+        assert!(svg.contains(lane), "no {lane:?} label");
+    }
+}

@@ -246,8 +246,15 @@ pub fn timeline(
     chart
         .configure_mesh()
         .x_desc("ms")
-        .y_labels(lanes)
-        .y_label_formatter(&|y| names.get(*y as usize).cloned().unwrap_or_default())
+        // Ticks every half lane; the names go on the lanes' middles.
+        .y_labels(lanes * 2 + 1)
+        .y_label_formatter(&|y| {
+            if (y.fract() - 0.5).abs() < 1e-6 {
+                names.get(y.floor() as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
         .disable_y_mesh()
         .draw()
         .map_err(|e| err(&e))?;
