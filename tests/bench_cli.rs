@@ -332,3 +332,35 @@ fn the_ddp_timeline_labels_every_lane() {
         assert!(svg.contains(lane), "no {lane:?} label");
     }
 }
+
+#[test]
+fn the_ceiling_is_measured_at_the_size_it_is_compared_with() {
+    let path = temp("small.json");
+    let o = bench(&[
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "2",
+        "--json",
+        path.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("json written"))
+            .expect("valid JSON");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(doc["ceiling"]["bytes"], 1024, "not a 1 MiB copy for a 1 KiB run");
+    let out = stdout(&o);
+    assert!(out.contains("copies of 1 KiB"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("# Best bus bandwidth") && l.ends_with("ceiling at 1 KiB")),
+        "{out}"
+    );
+}

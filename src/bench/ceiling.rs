@@ -78,11 +78,15 @@ fn buffer(dev: &wgpu::Device, size: u64, usage: wgpu::BufferUsages, mapped: bool
 }
 
 /// Measures on rank 0's device with `bytes` (clamped to 1..64 MiB) per copy.
-pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
+/// Measures the ceiling for a collective of `bytes` whose busbw is its
+/// algbw times `bus_factor`.
+pub fn measure(world: &World, bytes: u64, bus_factor: f64) -> Result<Ceiling, String> {
     use wgpu::BufferUsages as U;
     let c: &Communicator = world.communicator(0).ok_or("no rank 0")?;
     let dev = c.device();
-    let bytes = bytes.clamp(1 << 20, 64 << 20);
+    // At the size it is compared with (copies of a few KiB run at their
+    // latency, not at the memory's bandwidth), up to 64 MiB.
+    let bytes = bytes.clamp(4, 64 << 20).next_multiple_of(4);
     let reps = 5;
 
     let (a, b) = (
@@ -166,27 +170,52 @@ pub fn measure(world: &World, bytes: u64) -> Result<Ceiling, String> {
             "the host-device-host round trip (every hop crosses host memory)".to_string(),
         )
     };
+    // However fast the bytes move, a collective takes at least one fence
+    // round trip: at small sizes that is the bound.
+    let fence_us = median(fence);
+    let by_latency = bytes as f64 * bus_factor / (fence_us * 1e3).max(f64::MIN_POSITIVE);
+    let (busbw, why) = if by_latency < busbw {
+        (
+            by_latency,
+            format!(
+                "{} x bus factor {bus_factor:.2} / one fence round trip (at this size the latency bounds it)",
+                size(bytes)
+            ),
+        )
+    } else {
+        (busbw, why)
+    };
     Ok(Ceiling {
         bytes,
         device_copy: median(copy),
         host_memcpy,
         round_trip,
-        fence_us: median(fence),
+        fence_us,
         busbw,
         why,
     })
 }
 
+/// `bytes` as a person reads it: 4 KiB, 16 MiB, 1 GiB, 300 B.
+pub fn size(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
+}
+
 /// The lines printed above the table.
 pub fn lines(c: &Ceiling) -> String {
     format!(
-        "# Ceiling (rank 0's adapter, {} MiB copies, medians):\n\
+        "# Ceiling (rank 0's adapter, copies of {}, medians):\n\
          #   device copy (copy_buffer_to_buffer)   {:8.3} GB/s\n\
          #   host memcpy                           {:8.3} GB/s\n\
          #   host-device-host round trip           {:8.3} GB/s\n\
          #   fence round trip (empty submit, wait) {:8.1} us\n\
          #   bus bandwidth ceiling                 {:8.3} GB/s = {}",
-        c.bytes >> 20,
+        size(c.bytes),
         c.device_copy,
         c.host_memcpy,
         c.round_trip,
