@@ -63,9 +63,19 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(name) = &a.adapter {
         config = config.with_adapter_name(name);
     }
+    let progress = std::io::stderr().is_terminal();
+    let say = |what: &str| {
+        if progress {
+            eprint!("\r\x1b[K{what}");
+            let _ = std::io::stderr().flush();
+        }
+    };
+    say("finding adapters, making devices, measuring the cost model ...");
     let world = World::new(config)?;
     let bus_factor = a.collective.bus_factor(world.size());
+    say("measuring the ceiling ...");
     let ceiling = ceiling::measure(&world, a.max_bytes, bus_factor)?;
+    say("");
     print!("{}", bench::header(&world, a));
     println!("{}", ceiling::lines(&ceiling));
     println!("#");
@@ -79,7 +89,6 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             }
         }
     }
-    let progress = std::io::stderr().is_terminal();
     let mut rows = Vec::with_capacity(jobs.len());
     for (i, &(bytes, dtype, op)) in jobs.iter().enumerate() {
         if progress {
@@ -125,8 +134,10 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let at_best = if best_bytes.clamp(4, 64 << 20).next_multiple_of(4) == ceiling.bytes {
         ceiling.clone()
     } else {
+        say("measuring the ceiling at the best row's size ...");
         ceiling::measure(&world, best_bytes, bus_factor)?
     };
+    say("");
     println!(
         "# Out of bounds values : {wrong} {}",
         if wrong == 0 { "OK" } else { "FAILED" }
@@ -144,8 +155,12 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     );
     println!("#");
     let mut split = None;
-    if let Some(&(bytes, dtype, op)) = jobs.last() {
+    if let (Some(&(bytes, dtype, op)), Some(row)) = (jobs.last(), rows.last()) {
+        say("splitting the last row's time ...");
         let profiles = bench::time_split(&world, a, dtype, op, bytes)?;
+        say("");
+        // The row's real size (a multiple of what every rank moves).
+        let bytes = row.bytes;
         println!(
             "{}",
             bench::split_lines(

@@ -355,12 +355,48 @@ fn the_ceiling_is_measured_at_the_size_it_is_compared_with() {
         serde_json::from_str(&std::fs::read_to_string(&path).expect("json written"))
             .expect("valid JSON");
     std::fs::remove_file(&path).ok();
-    assert_eq!(doc["ceiling"]["bytes"], 1024, "not a 1 MiB copy for a 1 KiB run");
+    assert_eq!(
+        doc["ceiling"]["bytes"], 1024,
+        "not a 1 MiB copy for a 1 KiB run"
+    );
     let out = stdout(&o);
     assert!(out.contains("copies of 1 KiB"), "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("# Best bus bandwidth") && l.ends_with("ceiling at 1 KiB")),
         "{out}"
+    );
+}
+
+#[test]
+fn the_time_split_reports_the_rows_real_size() {
+    let path = temp("split.json");
+    // 1000 B of f32 over 3 ranks: reduce_scatter moves 249 elements, 996 B.
+    let o = bench(&[
+        "reduce-scatter",
+        "-b",
+        "1000",
+        "-e",
+        "1000",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "3",
+        "--json",
+        path.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("json written"))
+            .expect("valid JSON");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(doc["rows"][0]["size"], 996);
+    assert_eq!(doc["time_split"]["size"], 996);
+    assert!(
+        stdout(&o).contains("# Time split at 996 B"),
+        "{}",
+        stdout(&o)
     );
 }
