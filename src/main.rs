@@ -53,8 +53,13 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         )
         .into());
     }
-    if a.collective.rooted() && a.root >= a.ranks {
-        return Err(format!("root {} is not one of {} ranks", a.root, a.ranks).into());
+    let roots = if a.collective.rooted() {
+        a.roots.list(a.ranks)
+    } else {
+        vec![0]
+    };
+    if let Some(r) = roots.iter().find(|&&r| r >= a.ranks) {
+        return Err(format!("root {r} is not one of {} ranks", a.ranks).into());
     }
     let mut config = WorldConfig::new(a.ranks).with_timeout(Duration::from_secs(a.timeout.max(1)));
     if let Some(b) = &a.backend {
@@ -85,12 +90,16 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     for bytes in args::sizes(a) {
         for &dtype in &dtypes {
             for &op in ops.iter().filter(|op| op.supports(dtype)) {
-                jobs.push((bytes, dtype, op));
+                for &root in &roots {
+                    jobs.push((bytes, dtype, op, root));
+                }
             }
         }
     }
+    // The arguments with one job's root in `root`.
+    let with_root = |root| Args { root, ..a.clone() };
     let mut rows = Vec::with_capacity(jobs.len());
-    for (i, &(bytes, dtype, op)) in jobs.iter().enumerate() {
+    for (i, &(bytes, dtype, op, root)) in jobs.iter().enumerate() {
         if progress {
             eprint!(
                 "\r\x1b[K[{}/{}] {} bytes {} {}",
@@ -102,7 +111,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             );
             let _ = std::io::stderr().flush();
         }
-        let row = bench::row(&world, a, dtype, op, bytes)?;
+        let row = bench::row(&world, &with_root(root), dtype, op, bytes)?;
         if progress {
             eprint!("\r\x1b[K");
         }
@@ -155,9 +164,9 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     );
     println!("#");
     let mut split = None;
-    if let (Some(&(bytes, dtype, op)), Some(row)) = (jobs.last(), rows.last()) {
+    if let (Some(&(bytes, dtype, op, root)), Some(row)) = (jobs.last(), rows.last()) {
         say("splitting the last row's time ...");
-        let profiles = bench::time_split(&world, a, dtype, op, bytes)?;
+        let profiles = bench::time_split(&world, &with_root(root), dtype, op, bytes)?;
         say("");
         // The row's real size (a multiple of what every rank moves).
         let bytes = row.bytes;

@@ -281,6 +281,7 @@ fn bad_arguments_are_refused_with_a_message() {
         (vec!["-d", "f64"], "unknown datatype"),
         (vec!["-b", "1X"], "not a byte count"),
         (vec!["broadcast", "-r", "9", "--ranks", "2"], "root 9"),
+        (vec!["broadcast", "-r", "first"], "not a rank or `all`"),
         (vec!["-b", "64K", "-e", "4K"], "is above -e"),
     ] {
         let o = bench(&args);
@@ -399,4 +400,22 @@ fn the_time_split_reports_the_rows_real_size() {
         "{}",
         stdout(&o)
     );
+}
+
+#[test]
+fn root_all_measures_every_root() {
+    for coll in ["broadcast", "reduce"] {
+        let o = bench(&[
+            coll, "-r", "all", "--ranks", "3", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+        ]);
+        let out = stdout(&o);
+        assert!(o.status.success(), "{coll}: {out}");
+        let r = rows(&out);
+        let roots: Vec<&str> = r.iter().map(|row| row[4].as_str()).collect();
+        assert_eq!(roots, ["0", "1", "2"], "{coll}: {out}");
+        assert!(
+            r.iter().all(|row| row[8] == "0" && row[12] == "0"),
+            "{coll}: {out}"
+        );
+    }
 }

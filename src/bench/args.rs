@@ -70,9 +70,37 @@ impl Collective {
     }
 }
 
+/// Which roots the rooted collectives run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Roots {
+    /// One root.
+    One(usize),
+    /// Every rank in turn.
+    All,
+}
+
+impl Roots {
+    /// The roots, for a world of `ranks`.
+    pub fn list(self, ranks: usize) -> Vec<usize> {
+        match self {
+            Roots::One(r) => vec![r],
+            Roots::All => (0..ranks).collect(),
+        }
+    }
+}
+
+fn parse_roots(s: &str) -> Result<Roots, String> {
+    if s == "all" {
+        return Ok(Roots::All);
+    }
+    s.parse()
+        .map(Roots::One)
+        .map_err(|_| format!("{s:?} is not a rank or `all`"))
+}
+
 /// nccl-tests for wgpu: measures a collective over simulated ranks on any
 /// Vulkan, Metal or DX12 adapter and prints the nccl-tests table.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     version,
     about,
@@ -125,8 +153,12 @@ pub struct Args {
     #[arg(short = 'd', long = "datatype", default_value = "f32")]
     pub dtype: String,
 
-    /// Root rank of broadcast and reduce.
-    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    /// Root rank of broadcast and reduce, or `all`: a row per root.
+    #[arg(short = 'r', long = "root", default_value = "0", value_parser = parse_roots)]
+    pub roots: Roots,
+
+    /// The root of the row being measured (one of `roots`).
+    #[arg(skip)]
     pub root: usize,
 
     /// Number of simulated ranks.

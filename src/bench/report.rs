@@ -94,7 +94,10 @@ pub fn json(
             "check_iters": a.check,
             "op": a.op,
             "dtype": a.dtype,
-            "root": a.collective.rooted().then_some(a.root),
+            "root": a.collective.rooted().then_some(match a.roots {
+                super::args::Roots::One(r) => serde_json::json!(r),
+                super::args::Roots::All => serde_json::json!("all"),
+            }),
             "timeout_s": a.timeout,
         },
         "placement": "a device per rank",
