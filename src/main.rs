@@ -192,7 +192,16 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         std::fs::write(path, doc).map_err(|e| format!("writing {path}: {e}"))?;
     }
     if let Some(path) = &a.plot {
-        report::plot(path, a.collective.name(), world.size(), &ceiling, &rows)?;
+        let adapter = world.adapters().first().map_or("?", |i| i.name.as_str());
+        report::plot(
+            path,
+            a.collective.name(),
+            world.size(),
+            adapter,
+            "a device per rank",
+            &ceiling,
+            &rows,
+        )?;
     }
     if wrong > 0 {
         return Ok(ExitCode::from(1));

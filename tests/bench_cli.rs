@@ -241,6 +241,14 @@ fn plot_is_a_well_formed_svg_with_the_ceiling() {
         svg.contains("float sum out-of-place") && svg.contains("float sum in-place"),
         "both series are labelled"
     );
+    // Ticks at the measured sizes, in KiB; the adapter and placement in the title.
+    for tick in ["1 KiB", "4 KiB", "16 KiB"] {
+        assert!(svg.contains(tick), "no tick {tick:?}");
+    }
+    assert!(
+        svg.contains("ranks on ") && svg.contains("(a device per rank)"),
+        "the title"
+    );
 }
 
 #[test]

@@ -123,24 +123,30 @@ pub fn json(
 }
 
 /// busbw against size for each (dtype, op, placement) measured, with the
-/// ceiling as a line, written as an SVG to `path`.
+/// ceiling as a line, written as an SVG to `path`: ticks at the measured
+/// sizes, the adapter and placement in the title, and a log y axis when
+/// the ceiling dwarfs the data.
+#[allow(clippy::too_many_arguments)]
 pub fn plot(
     path: &str,
     collective: &str,
     ranks: usize,
+    adapter: &str,
+    placement: &str,
     ceiling: &Ceiling,
     rows: &[Row],
 ) -> Result<(), String> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in rows {
         let op = r.op.map_or(String::new(), |o| format!(" {}", o.name()));
+        let root = r.root.map_or(String::new(), |x| format!(" root {x}"));
         let halves = [
             ("out-of-place", Some(&r.out_of_place)),
             ("in-place", r.in_place.as_ref()),
         ];
-        for (placement, t) in halves {
+        for (how, t) in halves {
             let Some(t) = t else { continue };
-            let name = format!("{}{op} {placement}", r.dtype.name());
+            let name = format!("{}{op}{root} {how}", r.dtype.name());
             let point = (r.bytes.max(1) as f64, t.busbw);
             match series.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, pts)) => pts.push(point),
@@ -148,72 +154,87 @@ pub fn plot(
             }
         }
     }
-    let (xmin, xmax) = rows.iter().fold((f64::MAX, 1.0f64), |(lo, hi), r| {
-        let b = r.bytes.max(1) as f64;
-        (lo.min(b), hi.max(b))
-    });
-    let xmin = if xmin > xmax { 1.0 } else { xmin };
-    let ymax = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
-        .fold(ceiling.busbw, f64::max)
-        .max(1e-6)
-        * 1.15;
+    let mut sizes: Vec<f64> = rows.iter().map(|r| r.bytes.max(1) as f64).collect();
+    sizes.sort_by(f64::total_cmp);
+    sizes.dedup();
+    let xmin = sizes.first().copied().unwrap_or(1.0);
+    let xmax = sizes.last().copied().unwrap_or(1.0).max(xmin * 1.0001);
+    let ys = || series.iter().flat_map(|(_, p)| p.iter().map(|&(_, y)| y));
+    let data_max = ys().fold(0.0, f64::max);
+    // The ceiling ten times above the data would flatten it on a linear axis.
+    let dwarfed = ceiling.busbw > 10.0 * data_max && data_max > 0.0;
+    let title = format!("{collective}, {ranks} ranks on {adapter} ({placement}): bus bandwidth");
 
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("drawing {path}: {e}");
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{collective}, {ranks} ranks: bus bandwidth"),
-            ("sans-serif", 22),
-        )
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 18))
         .margin(16)
         .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d((xmin..xmax * 1.01).log_scale(), 0.0..ymax)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("size (bytes, log scale)")
-        .y_desc("busbw (GB/s)")
-        .x_label_formatter(&|v| human(*v))
-        .draw()
-        .map_err(|e| err(&e))?;
-    chart
-        .draw_series(LineSeries::new(
-            [(xmin, ceiling.busbw), (xmax, ceiling.busbw)],
-            BLACK.stroke_width(2),
-        ))
-        .map_err(|e| err(&e))?
-        .label(format!("ceiling {:.3} GB/s", ceiling.busbw))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)).point_size(3))
-            .map_err(|e| err(&e))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        .y_label_area_size(64);
+    let x = (xmin / 1.05..xmax * 1.05)
+        .log_scale()
+        .with_key_points(sizes.clone());
+    // The same drawing on either y axis (their coordinate types differ).
+    macro_rules! draw {
+        ($chart:expr, $ydesc:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc("size (log scale)")
+                .y_desc($ydesc)
+                .x_label_formatter(&|v| human(*v))
+                .draw()
+                .map_err(|e| err(&e))?;
+            chart
+                .draw_series(LineSeries::new(
+                    [(xmin, ceiling.busbw), (xmax, ceiling.busbw)],
+                    BLACK.stroke_width(2),
+                ))
+                .map_err(|e| err(&e))?
+                .label(format!("ceiling {:.3} GB/s", ceiling.busbw))
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+            for (i, (name, pts)) in series.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(
+                        LineSeries::new(pts.iter().copied(), color.stroke_width(2)).point_size(3),
+                    )
+                    .map_err(|e| err(&e))?
+                    .label(name.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| err(&e))?;
+        }};
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
+    if dwarfed {
+        let ymin = ys().filter(|&y| y > 0.0).fold(data_max, f64::min) / 2.0;
+        let chart = builder
+            .build_cartesian_2d(x, (ymin..ceiling.busbw * 2.0).log_scale())
+            .map_err(|e| err(&e))?;
+        draw!(chart, "busbw (GB/s, log scale)");
+    } else {
+        let ymax = data_max.max(ceiling.busbw).max(1e-6) * 1.15;
+        let chart = builder
+            .build_cartesian_2d(x, 0.0..ymax)
+            .map_err(|e| err(&e))?;
+        draw!(chart, "busbw (GB/s)");
+    }
     root.present().map_err(|e| err(&e))
 }
 
 fn human(bytes: f64) -> String {
-    let b = bytes.round() as u64;
-    match b {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
-        b => b.to_string(),
-    }
+    super::ceiling::size(bytes.round() as u64)
 }
 
 /// Each rank's last-step timeline as two lanes (compute, communication)
