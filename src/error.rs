@@ -50,6 +50,9 @@ pub enum Error {
         peer: usize,
         /// The peer's fingerprint.
         theirs: String,
+        /// The flight record when it was found (what every rank last did;
+        /// not part of the message, which names both sides already).
+        flight: String,
     },
 
     /// A wait ran past its deadline.
@@ -85,6 +88,9 @@ pub enum Error {
         peer: usize,
         /// Why it failed: its own error.
         reason: String,
+        /// The flight record when it was reported (not part of the
+        /// message; `Display` it to see where every rank was).
+        flight: String,
     },
 
     /// A rank's closure panicked inside `World::run`.

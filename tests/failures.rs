@@ -109,6 +109,14 @@ fn a_mismatch_describes_each_call_as_it_was_made() {
     let errs = errors(r);
     assert_mismatch(&errs, "#0 barrier()", "#0 all_to_all(int32)");
     for e in &errs {
+        match e {
+            Error::Mismatch { flight, .. } => {
+                assert!(flight.contains("rank 1: [0 barrier"), "{flight}")
+            }
+            other => panic!("expected Mismatch, got {other}"),
+        }
+    }
+    for e in &errs {
         assert!(
             !e.to_string().contains("len 0"),
             "a placeholder length: {e}"
@@ -241,8 +249,18 @@ fn a_failure_chain_names_the_first_failure_once() {
                 peer: 2,
                 doing,
                 reason,
+                flight,
                 ..
             } => {
+                // The flight record comes with it: rank 2 never issued #1.
+                assert!(
+                    flight.contains("rank 2: [0 all_reduce 400 bytes, completed"),
+                    "{flight}"
+                );
+                assert!(
+                    !text.contains("flight record"),
+                    "not in the message: {text}"
+                );
                 assert_eq!(*me, rank, "{text}");
                 assert_eq!(doing, "#1 all_reduce(float, len 100, sum)", "{text}");
                 assert!(

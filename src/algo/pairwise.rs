@@ -47,6 +47,7 @@ pub(crate) fn all_to_all(
                 ours: format!("{} expecting {} elements from rank {j}", p.w.fp, recv[j]),
                 peer: j,
                 theirs: format!("{} sending {theirs} elements to rank {r}", p.w.fp),
+                flight: p.w.health.flight.report(),
             });
         }
     }

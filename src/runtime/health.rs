@@ -230,6 +230,7 @@ impl Health {
                 doing: self.flight.doing(rank, seq),
                 peer: f.origin,
                 reason,
+                flight: self.flight.report(),
             },
             e => Error::PeerFailed {
                 rank,
@@ -237,6 +238,7 @@ impl Health {
                 doing: self.flight.doing(rank, seq),
                 peer: f.origin,
                 reason: e.to_string(),
+                flight: self.flight.report(),
             },
         })
     }

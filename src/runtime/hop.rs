@@ -25,6 +25,7 @@ pub(crate) fn post(link: &Link, peer: usize, packet: Packet, w: &Waiter) -> Resu
         doing: w.fp.to_string(),
         peer,
         reason: "its end of the link is gone".into(),
+        flight: w.health.flight.report(),
     })
 }
 
@@ -37,6 +38,7 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
         doing: w.fp.to_string(),
         peer,
         reason: "its end of the link is gone".into(),
+        flight: w.health.flight.report(),
     };
     let p = w.until(
         || match bytes {
@@ -60,6 +62,7 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
                             "rank {peer} returned from its closure without issuing {}",
                             w.fp
                         ),
+                        flight: w.health.flight.report(),
                     })),
                 }
             }
@@ -83,6 +86,7 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
             ours,
             peer: p.from,
             theirs,
+            flight: w.health.flight.report(),
         });
     }
     Ok(p)
