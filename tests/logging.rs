@@ -31,6 +31,8 @@ fn debug_logs_the_world_and_each_collective_with_rank_and_sequence() {
         );
     }
     assert!(err.contains("cost model measured"), "{err}");
+    assert!(err.contains("placement=\"a device per rank\""), "{err}");
+    assert!(err.contains("transport="), "{err}");
     for what in ["issued", "started", "host steps done"] {
         assert!(
             err.lines()

@@ -362,6 +362,7 @@ impl World {
                 adapter = %d.info.name,
                 backend = ?d.info.backend,
                 device = if d.adapter.is_some() { "made by the engine" } else { "the user's" },
+                placement = "a device per rank",
                 transport = "in-process channels, host staging",
                 loans = d.unified,
                 "world: rank device"
