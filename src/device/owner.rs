@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::device::lock;
 
@@ -170,25 +170,15 @@ impl Owner {
     /// Waits until `t` has completed (`Ok(true)`), `limit` has passed
     /// (`Ok(false)`) or the device has failed for good (`Err` with why).
     pub(crate) fn wait(&self, t: Ticket, limit: Duration) -> std::result::Result<bool, String> {
-        let deadline = crate::deadline::after(limit);
-        let mut s = lock(&self.signal.state);
-        loop {
-            if s.done >= t.0 {
-                return Ok(true);
-            }
-            if let Some((msg, true)) = &s.fault {
-                return Err(msg.clone());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            s = self
-                .signal
-                .changed
-                .wait_timeout(s, deadline.saturating_duration_since(now))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+        let s = self.sleep_while(limit, |s| {
+            s.done < t.0 && !s.fault.as_ref().is_some_and(|(_, permanent)| *permanent)
+        });
+        if s.done >= t.0 {
+            return Ok(true);
+        }
+        match &s.fault {
+            Some((msg, true)) => Err(msg.clone()),
+            _ => Ok(false),
         }
     }
 
@@ -200,20 +190,23 @@ impl Owner {
     /// Waits at most `limit` for anything to happen after generation `seen`
     /// (a completion, a map callback, a fault).
     pub(crate) fn wait_change(&self, seen: u64, limit: Duration) {
-        let deadline = crate::deadline::after(limit);
-        let mut s = lock(&self.signal.state);
-        while self.signal.generation.load(Ordering::SeqCst) == seen {
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            s = self
-                .signal
-                .changed
-                .wait_timeout(s, deadline.saturating_duration_since(now))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        let generation = &self.signal.generation;
+        drop(self.sleep_while(limit, |_| generation.load(Ordering::SeqCst) == seen));
+    }
+
+    /// Sleeps on the waiters' condvar while `pending` holds, at most `limit`
+    /// (the condvar rechecks after every wake-up); returns the state.
+    fn sleep_while(
+        &self,
+        limit: Duration,
+        pending: impl FnMut(&mut State) -> bool,
+    ) -> std::sync::MutexGuard<'_, State> {
+        let s = lock(&self.signal.state);
+        self.signal
+            .changed
+            .wait_timeout_while(s, limit, pending)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0)
     }
 
     /// The recorded fault: `Some((message, permanent))`. A one-off fault

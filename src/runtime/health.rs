@@ -279,6 +279,18 @@ impl Waiter<'_> {
     pub(crate) fn device_error(&self, what: String) -> Error {
         Error::device(self.rank, Some(self.fp.seq), what)
     }
+
+    /// `peer` failed this collective first, because of `reason`.
+    pub(crate) fn peer_failed(&self, peer: usize, reason: String) -> Error {
+        Error::PeerFailed {
+            rank: self.rank,
+            seq: self.fp.seq,
+            doing: self.fp.to_string(),
+            peer,
+            reason,
+            flight: self.health.flight.report(),
+        }
+    }
 }
 
 impl Watch for Waiter<'_> {

@@ -19,27 +19,14 @@ pub(crate) type Packet = crate::transport::Packet<Fingerprint>;
 
 /// Sends `packet` to `peer` without blocking.
 pub(crate) fn post(link: &Link, peer: usize, packet: Packet, w: &Waiter) -> Result<()> {
-    link.send(peer, packet).map_err(|_| Error::PeerFailed {
-        rank: w.rank,
-        seq: w.fp.seq,
-        doing: w.fp.to_string(),
-        peer,
-        reason: "its end of the link is gone".into(),
-        flight: w.health.flight.report(),
-    })
+    link.send(peer, packet)
+        .map_err(|_| w.peer_failed(peer, "its end of the link is gone".into()))
 }
 
 /// Receives the next packet from `peer`, checking that it belongs to the
 /// collective `w` is running and carries `bytes` bytes.
 pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
-    let gone = || Error::PeerFailed {
-        rank: w.rank,
-        seq: w.fp.seq,
-        doing: w.fp.to_string(),
-        peer,
-        reason: "its end of the link is gone".into(),
-        flight: w.health.flight.report(),
-    };
+    let gone = || w.peer_failed(peer, "its end of the link is gone".into());
     let p = w.until(
         || match bytes {
             0 => format!("rank {peer} to join {}", w.fp),
@@ -53,17 +40,13 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
                     Err(_) => Err(gone()),
                     // A peer that left after a failure is reported with that
                     // failure (recorded before it left), not as a departure.
-                    Ok(None) => w.health.check(w.rank, w.fp.seq).and(Err(Error::PeerFailed {
-                        rank: w.rank,
-                        seq: w.fp.seq,
-                        doing: w.fp.to_string(),
+                    Ok(None) => w.health.check(w.rank, w.fp.seq).and(Err(w.peer_failed(
                         peer,
-                        reason: format!(
+                        format!(
                             "rank {peer} returned from its closure without issuing {}",
                             w.fp
                         ),
-                        flight: w.health.flight.report(),
-                    })),
+                    ))),
                 }
             }
             Ok(None) => Ok(None),

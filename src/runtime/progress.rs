@@ -7,6 +7,7 @@
 //! each op's outcome to its `Work`; a failure is also recorded for the
 //! whole group, so that peers stop waiting at once.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -376,20 +377,28 @@ impl Progress {
 /// A collective's tensors as its schedule sees them: views it can work on
 /// where they lie (see `Tensor::direct`) as they are, others through a
 /// pooled tensor, copied in before and back after.
-struct Staged {
-    ins: Vec<Tensor>,
-    outs: Vec<Tensor>,
+struct Staged<'a> {
+    /// The op's own tensors when none is staged (no copy of the lists).
+    ins: Cow<'a, [Tensor]>,
+    outs: Cow<'a, [Tensor]>,
     /// (staged, the view it stands for) of every staged output.
     back: Vec<(Tensor, Tensor)>,
 }
 
-impl Staged {
+impl<'a> Staged<'a> {
     fn new(
         p: &mut Prims,
         dev: &Arc<RankDevice>,
-        ins: &[Tensor],
-        outs: &[Tensor],
-    ) -> Result<Staged> {
+        ins: &'a [Tensor],
+        outs: &'a [Tensor],
+    ) -> Result<Staged<'a>> {
+        if ins.iter().chain(outs).all(Tensor::direct) {
+            return Ok(Staged {
+                ins: Cow::Borrowed(ins),
+                outs: Cow::Borrowed(outs),
+                back: Vec::new(),
+            });
+        }
         let mut back = Vec::new();
         let mut staged_outs = Vec::with_capacity(outs.len());
         for o in outs {
@@ -421,8 +430,8 @@ impl Staged {
             staged_ins.push(w);
         }
         Ok(Staged {
-            ins: staged_ins,
-            outs: staged_outs,
+            ins: Cow::Owned(staged_ins),
+            outs: Cow::Owned(staged_outs),
             back,
         })
     }
