@@ -80,6 +80,7 @@ pub struct ReadmeDoctests;
 pub use wgpu;
 
 pub use api::comm::Communicator;
+pub use api::placement::Placement;
 pub use api::tensor::{DType, Element, Tensor};
 pub use api::work::Work;
 pub use api::world::{MAX_RANKS, World, WorldConfig};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use wgpu_collectives::{DType, Error, ReduceOp, World, WorldConfig};
+use wgpu_collectives::{DType, Error, Placement, ReduceOp, World, WorldConfig};
 
 const N: usize = 4;
 
@@ -343,7 +343,13 @@ fn abort_fails_pending_work_on_every_rank() {
 
 #[test]
 fn device_loss_becomes_an_error_and_peers_fail_cleanly() {
-    let w = world_with_timeout(3, 30);
+    // One rank's device lost models one GPU failing: a device per rank.
+    let w = World::new(
+        WorldConfig::new(3)
+            .with_timeout(Duration::from_secs(30))
+            .with_placement(Placement::DevicePerRank),
+    )
+    .expect("world");
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 1000])?;
@@ -365,6 +371,33 @@ fn device_loss_becomes_an_error_and_peers_fail_cleanly() {
             matches!(errs[rank], Error::PeerFailed { peer: 1, .. }),
             "rank {rank}: {}",
             errs[rank]
+        );
+    }
+}
+
+#[test]
+fn losing_a_shared_device_is_a_device_error_on_every_rank_that_shares_it() {
+    let w = World::new(
+        WorldConfig::new(3)
+            .with_timeout(Duration::from_secs(30))
+            .with_placement(Placement::SharedDevice),
+    )
+    .expect("world");
+    assert_eq!(w.placement(), Placement::SharedDevice);
+    let r = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.tensor(&[1.0f32; 1000])?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            if c.rank() == 1 {
+                c.device().destroy();
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    for (rank, e) in errors(r).into_iter().enumerate() {
+        assert!(
+            matches!(e, Error::Device { rank: r, .. } if r == Some(rank)),
+            "rank {rank}: {e}"
         );
     }
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use half::f16;
-use wgpu_collectives::{DType, Error, ReduceOp, Tensor, World, WorldConfig, wgpu};
+use wgpu_collectives::{DType, Error, Placement, ReduceOp, Tensor, World, WorldConfig, wgpu};
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -243,7 +243,9 @@ fn a_sixteen_bit_view_of_odd_length_keeps_the_neighbouring_half_word() {
 
 #[test]
 fn bad_wraps_are_invalid_arguments() {
-    let world = common::world(2);
+    // "Another device" needs ranks that model separate GPUs.
+    let world =
+        World::new(WorldConfig::new(2).with_placement(Placement::DevicePerRank)).expect("a world");
     let c0 = world.communicator(0).expect("rank 0");
     let c1 = world.communicator(1).expect("rank 1");
     let buf = user_buffer(c0.device(), c0.queue(), 256, &[0u8; 256]);

@@ -1,8 +1,9 @@
 //! Ring schedules, as NCCL's `runRing` (`src/device/all_reduce.h`,
 //! `all_gather.h`, `reduce_scatter.h`).
 //!
-//! The working buffer is cut into rounds; in each round every rank moves
-//! one slice of each chunk to its next neighbour. Ranks run their rounds
+//! The working buffer is cut into n parts (`part_words`), and the parts
+//! into slices; in round k every rank moves slice k of a part to its next
+//! neighbour. Ranks run their rounds
 //! independently, so while one rank reduces a slice its neighbour is
 //! already moving the next one. Chunk `c` of a reduction is always reduced
 //! in the same ring order, starting at rank c+1 and ending at rank c, then
@@ -23,15 +24,19 @@ pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
         return Ok(());
     }
     let ring = |k: usize| (r + k) % n;
+    // Round k takes slice k of every part (see `part_words`), so each
+    // element is folded in its part's order however many rounds it takes.
+    let q = super::part_words(words, n, p.align_words());
+    let step = p.step_words(q, 1);
+    p.reserve(step)?;
     let mut base = 0;
-    while base < words {
-        let chunk = p.step_words(words - base, n);
-        p.reserve(chunk)?;
+    while base < q {
         let span = |c: usize| {
-            let off = (base + c * chunk).min(words);
+            let off = (c * q + base).min(words);
+            let end = (c * q + (base + step).min(q)).min(words);
             Span {
                 off,
-                words: chunk.min(words - off),
+                words: end.saturating_sub(off),
             }
         };
 
@@ -49,7 +54,7 @@ pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
         }
         p.recv(span(ring(1)))?;
 
-        base += chunk * n;
+        base += step;
     }
     Ok(())
 }

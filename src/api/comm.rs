@@ -27,6 +27,7 @@ use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::profile::{Counters, Profile};
 use crate::runtime::progress::{Inflight, Op, Output, Progress};
+use crate::runtime::shared;
 use crate::transport::Stager;
 
 struct Issuer {
@@ -68,6 +69,8 @@ struct Inner {
     counters: Arc<Counters>,
     tuning: Tuning,
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// Where the group meets, when its ranks share one device.
+    group: Option<Arc<shared::Group>>,
 }
 
 /// One rank's handle to a group of ranks: it makes tensors on the rank's
@@ -112,6 +115,7 @@ impl Communicator {
         health: Arc<Health>,
         timeout: Duration,
         tuning: Tuning,
+        group: Option<Arc<shared::Group>>,
     ) -> Result<Communicator> {
         let (tx, rx) = unbounded();
         let inflight = Arc::new(Inflight::default());
@@ -128,6 +132,7 @@ impl Communicator {
             stage: Stager::new(dev.clone()),
             timeout,
             inflight: inflight.clone(),
+            group: group.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("progress-{rank}"))
@@ -151,6 +156,7 @@ impl Communicator {
                 counters,
                 tuning,
                 progress: Mutex::new(Some(handle)),
+                group,
             }),
         })
     }
@@ -973,8 +979,11 @@ impl Communicator {
                     "split: this rank is missing from its own color",
                 )
             })?;
-        let (endpoint, health) = Health::join_split(&self.inner.health, seq, color, &parents, me)?;
+        let (endpoint, health, group) =
+            Health::join_split(&self.inner.health, seq, color, &parents, me)?;
         let inner = &self.inner;
+        // A subset of a group on one device is on that device too.
+        let group = inner.group.as_ref().map(|_| group);
         Communicator::new(
             me,
             parents.len(),
@@ -983,6 +992,7 @@ impl Communicator {
             health,
             inner.timeout,
             inner.tuning,
+            group,
         )
         .map(Some)
     }
@@ -1241,6 +1251,9 @@ impl Communicator {
             });
         }
         inner.endpoint.drain();
+        if let Some(g) = &inner.group {
+            g.clear();
+        }
         lock(&inner.issuer).seq = 0;
         Ok(())
     }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::api::comm::{Communicator, panic_message};
+use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
 use crate::runtime::cost::{Algorithm, CostModel, Tuning};
@@ -33,6 +34,7 @@ pub struct WorldConfig {
     required_limits: Option<wgpu::Limits>,
     flight_depth: Option<usize>,
     flight_dump: Option<std::path::PathBuf>,
+    placement: Option<Placement>,
 }
 
 impl WorldConfig {
@@ -58,6 +60,22 @@ impl WorldConfig {
             required_limits: None,
             flight_depth: None,
             flight_dump: None,
+            placement: None,
+        }
+    }
+
+    /// Where the ranks run (default: the `WGPU_COLLECTIVES_PLACEMENT`
+    /// environment variable, else [`Placement::Auto`]: ranks on one
+    /// adapter share its device).
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = Some(placement);
+        self
+    }
+
+    fn placement(&self) -> Result<Placement> {
+        match self.placement {
+            Some(p) => Ok(p),
+            None => Placement::from_env(),
         }
     }
 
@@ -189,6 +207,9 @@ pub struct World {
     tuning: Tuning,
     /// Set while a `run` is in progress (see [`World::run`]).
     running: AtomicBool,
+    /// The placement in force: `SharedDevice` when every rank shares one
+    /// device and collectives run there, else `DevicePerRank`.
+    placement: Placement,
 }
 
 /// Ends a run, however it ends: the communicators take calls from any
@@ -250,18 +271,31 @@ impl World {
             features: config.required_features,
             limits: config.required_limits.clone(),
         };
-        let devices = (0..config.ranks)
-            .map(|rank| {
-                let adapter = rank
-                    .checked_rem(adapters.len())
-                    .and_then(|i| adapters.get(i))
-                    .ok_or_else(|| Error::NoAdapter {
-                        backends: format!("{:?}", config.backends()),
-                        name: String::new(),
-                    })?;
-                RankDevice::new(rank, adapter, config.timeout, &wants)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let placement = config.placement()?;
+        let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(config.ranks);
+        // The device already made on each adapter, for ranks to share.
+        let mut on_adapter: Vec<Option<Arc<RankDevice>>> = vec![None; adapters.len()];
+        for rank in 0..config.ranks {
+            let at = match placement {
+                Placement::SharedDevice => 0,
+                _ => rank.checked_rem(adapters.len()).unwrap_or(0),
+            };
+            let adapter = adapters.get(at).ok_or_else(|| Error::NoAdapter {
+                backends: format!("{:?}", config.backends()),
+                name: String::new(),
+            })?;
+            let shared = on_adapter.get(at).and_then(Option::as_ref);
+            let dev = match (placement, shared) {
+                (Placement::DevicePerRank, _) | (_, None) => {
+                    RankDevice::new(rank, adapter, config.timeout, &wants)?
+                }
+                (_, Some(d)) => d.share(rank),
+            };
+            if let Some(slot @ None) = on_adapter.get_mut(at) {
+                *slot = Some(dev.clone());
+            }
+            devices.push(dev);
+        }
         Self::assemble(Some(instance), devices, &config)
     }
 
@@ -309,12 +343,17 @@ impl World {
                 ),
             });
         }
-        let devices = devices
-            .into_iter()
-            .enumerate()
-            .map(|(rank, (device, queue))| RankDevice::adopt(rank, device, queue, config.timeout))
-            .collect::<Result<Vec<_>>>()?;
-        Self::assemble(None, devices, &config)
+        // The same device given for several ranks is shared by them: one
+        // owner per device, whatever the placement.
+        let mut made: Vec<Arc<RankDevice>> = Vec::with_capacity(devices.len());
+        for (rank, (device, queue)) in devices.into_iter().enumerate() {
+            let dev = match made.iter().find(|d| d.device == device) {
+                Some(d) => d.share(rank),
+                None => RankDevice::adopt(rank, device, queue, config.timeout)?,
+            };
+            made.push(dev);
+        }
+        Self::assemble(None, made, &config)
     }
 
     fn assemble(
@@ -356,14 +395,25 @@ impl World {
             dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
             "world: cost model measured on rank 0's device"
         );
+        // The group meets on the device when every rank shares it, unless
+        // the ranks are to model separate GPUs.
+        let shared = n > 1
+            && config.placement()? != Placement::DevicePerRank
+            && devices.iter().all(|d| d.same_device(first));
+        let placement = if shared {
+            Placement::SharedDevice
+        } else {
+            Placement::DevicePerRank
+        };
+        let group = shared.then(|| Arc::new(crate::runtime::shared::Group::new(n)));
         for d in &devices {
             tracing::info!(
                 rank = d.rank,
                 adapter = %d.info.name,
                 backend = ?d.info.backend,
                 device = if d.adapter.is_some() { "made by the engine" } else { "the user's" },
-                placement = "a device per rank",
-                transport = "in-process channels, host staging",
+                placement = placement.name(),
+                transport = transport_name(placement),
                 loans = d.unified,
                 "world: rank device"
             );
@@ -383,10 +433,12 @@ impl World {
                     health.clone(),
                     config.timeout,
                     tuning,
+                    group.clone(),
                 )
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(World {
+            placement,
             instance,
             comms,
             adapters: infos,
@@ -402,6 +454,20 @@ impl World {
     /// framework such as cubecl-wgpu needs to run on the same devices.
     pub fn instance(&self) -> Option<&wgpu::Instance> {
         self.instance.as_ref()
+    }
+
+    /// The placement in force, as [`WorldConfig::with_placement`] and the
+    /// devices decided it: [`Placement::SharedDevice`] when every rank runs
+    /// on one device and collectives run there without host copies, else
+    /// [`Placement::DevicePerRank`].
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// What carries a collective's bytes between ranks, in words (the
+    /// benchmark's header prints it).
+    pub fn transport(&self) -> &'static str {
+        transport_name(self.placement)
     }
 
     /// Number of ranks.
@@ -556,6 +622,13 @@ impl World {
 }
 
 /// What every world needs of its config: a rank count in range and a timeout.
+fn transport_name(placement: Placement) -> &'static str {
+    match placement {
+        Placement::SharedDevice => "shared device (kernels read peers' buffers, no host copy)",
+        _ => "in-process channels, host staging",
+    }
+}
+
 fn check(config: &WorldConfig) -> Result<()> {
     let n = config.ranks;
     if n == 0 || n > MAX_RANKS {

@@ -20,7 +20,7 @@ const PATCH_HALF: &str = include_str!("../../shaders/patch_half.wgsl");
 /// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
 const WORKGROUP: u64 = 256;
 
-fn prelude(dtype: DType) -> &'static str {
+pub(crate) fn prelude(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => include_str!("../../shaders/dtype_f32.wgsl"),
         DType::F16 => include_str!("../../shaders/dtype_f16.wgsl"),

@@ -13,6 +13,7 @@
 //!
 //! Submitting and polling belong to the device's owner (`owner.rs`).
 
+pub(crate) mod direct;
 pub(crate) mod kernels;
 mod owner;
 
@@ -32,10 +33,33 @@ pub(crate) struct Wants {
     pub limits: Option<wgpu::Limits>,
 }
 
-/// A rank's device and queue, plus what we learned about its adapter.
+/// One rank's handle to a device: the rank (for errors and for telling
+/// whose tensor is whose) and the device it runs on, which ranks placed
+/// on one device share (see [`RankDevice::share`]).
 pub(crate) struct RankDevice {
     /// The rank in the world.
     pub rank: usize,
+    core: Arc<Core>,
+    /// Freed tensor buffers, reused for this rank's outputs. A pool per
+    /// rank, not per device: each rank's outputs keep coming back to it,
+    /// so the bind groups that name them recur and stay cached.
+    pool: Mutex<BufferPool>,
+    /// Resources this rank created (buffers, bind groups, pipelines): the
+    /// steady-state allocation counter tests read.
+    created: AtomicU64,
+}
+
+impl std::ops::Deref for RankDevice {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// A device and queue, plus what we learned about its adapter: one per
+/// wgpu device, however many ranks run on it.
+pub(crate) struct Core {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     /// The adapter, when the engine made the device.
@@ -46,17 +70,14 @@ pub(crate) struct RankDevice {
     pub timeout: Duration,
     /// Compiled kernels, made once per device.
     pub kernels: Kernels,
+    /// The shared-device reduction's kernels, made on first use.
+    pub direct: direct::DirectKernels,
     /// Whether storage buffers may also be mappable (CPU and integrated adapters).
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
     /// Whether the engine made the device (and installed its callbacks).
     owned: bool,
-    /// Freed tensor buffers, reused for outputs.
-    pool: Mutex<BufferPool>,
-    /// Resources created so far (buffers, bind groups, pipelines): the
-    /// steady-state allocation counter tests read.
-    created: AtomicU64,
     /// Submits, and learns when submissions complete.
     owner: Owner,
 }
@@ -168,20 +189,38 @@ impl RankDevice {
         }
         Ok(Arc::new(RankDevice {
             rank,
-            limits: device.limits(),
-            device,
-            queue,
-            adapter,
-            info,
-            timeout,
-            kernels: Kernels::default(),
-            unified,
-            timestamps,
-            owned,
             pool: Mutex::new(BufferPool::default()),
             created: AtomicU64::new(0),
-            owner,
+            core: Arc::new(Core {
+                limits: device.limits(),
+                device,
+                queue,
+                adapter,
+                info,
+                timeout,
+                kernels: Kernels::default(),
+                direct: direct::DirectKernels::default(),
+                unified,
+                timestamps,
+                owned,
+                owner,
+            }),
         }))
+    }
+
+    /// Rank `rank` on this same device (its queue, owner, pool and kernels).
+    pub(crate) fn share(&self, rank: usize) -> Arc<RankDevice> {
+        Arc::new(RankDevice {
+            rank,
+            core: self.core.clone(),
+            pool: Mutex::new(BufferPool::default()),
+            created: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether `other` runs on the same wgpu device as this rank.
+    pub(crate) fn same_device(&self, other: &RankDevice) -> bool {
+        Arc::ptr_eq(&self.core, &other.core)
     }
 
     /// Fails if the device reported an error outside any scope, or was lost.

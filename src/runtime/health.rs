@@ -40,6 +40,8 @@ pub(crate) struct Health {
 struct Forming {
     endpoints: Vec<Option<Arc<Link>>>,
     health: Arc<Health>,
+    /// Where the new group meets, should its ranks share one device.
+    group: Arc<crate::runtime::shared::Group>,
 }
 
 #[derive(Clone)]
@@ -121,7 +123,7 @@ impl Health {
         color: u32,
         parents: &[usize],
         me: usize,
-    ) -> Result<(Arc<Link>, Arc<Health>)> {
+    ) -> Result<(Arc<Link>, Arc<Health>, Arc<crate::runtime::shared::Group>)> {
         let mut forming = lock(&this.forming);
         let f = forming.entry((seq, color)).or_insert_with(|| Forming {
             endpoints: mesh(parents.len()).into_iter().map(Some).collect(),
@@ -129,6 +131,7 @@ impl Health {
                 parents.len(),
                 (this.clone(), parents.to_vec()),
             )),
+            group: Arc::new(crate::runtime::shared::Group::new(parents.len())),
         });
         let endpoint = f
             .endpoints
@@ -138,11 +141,11 @@ impl Health {
                 rank: Some(parents.get(me).copied().unwrap_or(me)),
                 what: format!("split #{seq}: rank {me} of color {color} joined twice"),
             })?;
-        let health = f.health.clone();
+        let (health, group) = (f.health.clone(), f.group.clone());
         if f.endpoints.iter().all(Option::is_none) {
             forming.remove(&(seq, color));
         }
-        Ok((endpoint, health))
+        Ok((endpoint, health, group))
     }
 
     /// Marks `rank` as finished for good (until the next run).

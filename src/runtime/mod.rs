@@ -11,3 +11,4 @@ pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod profile;
 pub(crate) mod progress;
+pub(crate) mod shared;

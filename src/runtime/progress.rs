@@ -27,6 +27,7 @@ use crate::runtime::health::{Health, Waiter};
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
+use crate::runtime::shared;
 use crate::transport::{Body, Stager};
 
 /// Ops queued or running on a progress thread. Waiting for it to drain
@@ -138,6 +139,8 @@ pub(crate) struct Progress {
     pub tuning: Tuning,
     /// Made on first use once profiling is on, on adapters with timestamps.
     pub stamps: Option<Timestamps>,
+    /// Where the group meets when all its ranks share one device.
+    pub group: Option<Arc<shared::Group>>,
 }
 
 impl Progress {
@@ -234,11 +237,23 @@ impl Progress {
         // Agree on what runs before moving any data: a rank that issued
         // something else (or nothing) is caught here, on every rank, even
         // when one side would have sent no bytes at all.
-        if n > 1 {
-            handshake(&*self.endpoint, &waiter, n)?;
-        }
         for o in &op.outputs {
             outs.push(o.tensor(&dev)?);
+        }
+        if let (Some(group), true) = (&self.group, n > 1) {
+            match shared::run(group, &waiter, &op.what, &op.inputs, outs)? {
+                shared::Outcome::Ran { last, table } => {
+                    if self.counters.enabled() {
+                        self.counters.collective();
+                    }
+                    return Ok(Ran { last, table });
+                }
+                // Every rank was told the same: the host schedules run it.
+                shared::Outcome::Host => {}
+            }
+        }
+        if n > 1 {
+            handshake(&*self.endpoint, &waiter, n)?;
         }
         let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
             (Some(o), Some(dtype)) if n > 1 => {
@@ -298,13 +313,8 @@ impl Progress {
                 }
                 p.buf = out.buffer().clone();
                 let words = x.words();
-                // One shot only where it is one round of the ring: then it
-                // reduces in the ring's order and gives the same bits.
-                let one_round = p.step_words(words, n) * n >= words;
-                if one_round
-                    && self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot
-                    && n > 1
-                    && words > 0
+                // The one-shot folds each part in the ring's order: the same bits.
+                if self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot && n > 1 && words > 0
                 {
                     let stride = words.div_ceil(p.align_words()) * p.align_words();
                     tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");

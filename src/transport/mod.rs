@@ -19,6 +19,7 @@
 //! mapped buffers a slice goes through on its way off and onto a device.
 
 pub(crate) mod local;
+pub(crate) mod shared;
 pub(crate) mod staging;
 
 use std::time::Duration;

@@ -1,0 +1,183 @@
+//! Schedules for ranks that share one device: every rank's buffers are
+//! bound or copied directly, and the whole group's steps go into one
+//! encoder (one submission for the collective).
+//!
+//! Reductions keep the ring's fold order (see [`super::part_words`]): part
+//! c of an all-reduce is folded from rank c+1 round to rank c, a
+//! reduce-scatter's chunk c likewise, a reduce from root+1 round to the
+//! root. So the bits are the ring's, whichever placement runs it.
+//!
+//! One kernel reads all n inputs and writes every output where the adapter
+//! can bind 2n buffers (moving 2n·S bytes, the least an out-of-place
+//! all-reduce can); else it writes part c to rank c only and device copies
+//! spread it (moving (4n-1)·S).
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over tensors whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
+
+use crate::device::RankDevice;
+use crate::device::direct::{DirectReducer, Window, fits};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::op::ReduceOp;
+
+/// One collective's device steps for the whole group, recorded into one
+/// encoder.
+pub(crate) struct Steps<'a> {
+    pub dev: &'a RankDevice,
+    pub enc: wgpu::CommandEncoder,
+    pub n: usize,
+    /// Bytes a binding's offset must be a multiple of.
+    pub align: u64,
+}
+
+/// Rounds `bytes` up to whole 16-byte units (tensors are padded to them).
+fn units(bytes: u64) -> u64 {
+    bytes.next_multiple_of(16)
+}
+
+impl Steps<'_> {
+    fn reducer(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<DirectReducer> {
+        let divisor = if op == ReduceOp::Avg {
+            self.n as u32
+        } else {
+            0
+        };
+        self.dev
+            .direct
+            .get(self.dev, dtype, op, divisor, inputs, outputs)
+    }
+
+    /// Folds `bytes` from byte `at` of `ins` (in fold order) into byte
+    /// `out_at` of every one of `outs`, in bindable pieces.
+    fn fold(
+        &mut self,
+        r: &DirectReducer,
+        dtype: DType,
+        ins: &[&wgpu::Buffer],
+        at: u64,
+        outs: &[&wgpu::Buffer],
+        out_at: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let max = u64::from(self.dev.limits.max_storage_buffer_binding_size);
+        let piece = (max / self.align).max(1) * self.align;
+        let mut done = 0;
+        let mut windows: Vec<Window> = Vec::with_capacity(ins.len() + outs.len());
+        while done < bytes {
+            let size = units((bytes - done).min(piece));
+            windows.clear();
+            windows.extend(ins.iter().map(|b| ((*b).clone(), at + done, size)));
+            windows.extend(outs.iter().map(|b| ((*b).clone(), out_at + done, size)));
+            r.encode(self.dev, &mut self.enc, &windows, dtype.unit_bytes())?;
+            done += piece;
+        }
+        Ok(())
+    }
+
+    /// Whether this adapter can bind what [`Steps::all_reduce`] needs.
+    pub(crate) fn can_reduce(dev: &RankDevice, n: usize) -> bool {
+        fits(dev, n, 1)
+    }
+
+    /// All-reduces `words` words of every `xs[r]` into `outs[r]` (which may
+    /// be the same buffer: in place); parts of `q` words.
+    pub(crate) fn all_reduce(
+        &mut self,
+        dtype: DType,
+        op: ReduceOp,
+        xs: &[&wgpu::Buffer],
+        outs: &[&wgpu::Buffer],
+        words: usize,
+        q: usize,
+    ) -> Result<()> {
+        let n = self.n;
+        let every = fits(self.dev, n, n);
+        let r = self.reducer(dtype, op, n, if every { n } else { 1 })?;
+        let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
+        for c in 0..n {
+            let off = (c * q).min(words);
+            let len = q.min(words - off);
+            if len == 0 {
+                continue;
+            }
+            // Part c, folded from rank c+1 round to rank c.
+            order.clear();
+            order.extend((1..=n).map(|k| xs[(c + k) % n]));
+            let (at, bytes) = (off as u64 * 4, len as u64 * 4);
+            if every {
+                self.fold(&r, dtype, &order, at, outs, at, bytes)?;
+            } else {
+                self.fold(&r, dtype, &order, at, &outs[c..=c], at, bytes)?;
+                for (j, out) in outs.iter().enumerate() {
+                    if j != c {
+                        self.enc
+                            .copy_buffer_to_buffer(outs[c], at, out, at, units(bytes));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatters: chunk c (`chunk` bytes at byte c·`chunk`, a
+    /// bindable offset) of every `xs[r]` is folded from rank c+1 round to
+    /// rank c into `outs[c]`.
+    pub(crate) fn reduce_scatter(
+        &mut self,
+        dtype: DType,
+        op: ReduceOp,
+        xs: &[&wgpu::Buffer],
+        outs: &[&wgpu::Buffer],
+        chunk: u64,
+    ) -> Result<()> {
+        let n = self.n;
+        let r = self.reducer(dtype, op, n, 1)?;
+        let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
+        for c in 0..n {
+            order.clear();
+            order.extend((1..=n).map(|k| xs[(c + k) % n]));
+            self.fold(&r, dtype, &order, c as u64 * chunk, &outs[c..=c], 0, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Reduces `bytes` of every `xs[r]` into `out` (the root's), folded
+    /// from rank root+1 round to the root.
+    pub(crate) fn reduce(
+        &mut self,
+        dtype: DType,
+        op: ReduceOp,
+        xs: &[&wgpu::Buffer],
+        root: usize,
+        out: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<()> {
+        let n = self.n;
+        let r = self.reducer(dtype, op, n, 1)?;
+        let order: Vec<&wgpu::Buffer> = (1..=n).map(|k| xs[(root + k) % n]).collect();
+        self.fold(&r, dtype, &order, 0, &[out], 0, bytes)
+    }
+
+    /// Copies `bytes` (a multiple of 4) from byte `from` of `src` to byte
+    /// `to` of `dst`.
+    pub(crate) fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        from: u64,
+        dst: &wgpu::Buffer,
+        to: u64,
+        bytes: u64,
+    ) {
+        if bytes > 0 && !(src == dst && from == to) {
+            self.enc.copy_buffer_to_buffer(src, from, dst, to, bytes);
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The shared-device reduction kernel (`shaders/direct_reduce.wgsl`): n
+//! windows read, one result written to m windows, all bound at once.
+//!
+//! WGSL cannot index bindings, so the n + m bindings and the unrolled fold
+//! are generated per (n, m) and prepended to the template, as the dtype
+//! preludes are; pipelines and bind groups are cached, so a collective in
+//! steady state creates no wgpu resource.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use crate::device::{RankDevice, lock};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::ReduceOp;
+
+const TEMPLATE: &str = include_str!("../../shaders/direct_reduce.wgsl");
+/// Invocations per workgroup, as `@workgroup_size` in the template.
+const WORKGROUP: u64 = 64;
+/// Bind groups kept per pipeline.
+const BIND_CACHE: usize = 256;
+
+/// A window of a buffer: (buffer, byte offset, bytes).
+pub(crate) type Window = (wgpu::Buffer, u64, u64);
+
+/// (dtype, operator code, divisor, inputs, outputs).
+type Key = (DType, u32, u32, usize, usize);
+
+/// The pipelines of the shared-device reduction, per device.
+#[derive(Default)]
+pub(crate) struct DirectKernels {
+    pipelines: Mutex<HashMap<Key, DirectReducer>>,
+}
+
+/// One (dtype, op, divisor, n, m) pipeline, ready to dispatch.
+#[derive(Clone)]
+pub(crate) struct DirectReducer {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    inputs: usize,
+    outputs: usize,
+    binds: Arc<Mutex<VecDeque<(u64, Vec<Window>, wgpu::BindGroup)>>>,
+}
+
+/// The generated part of the kernel: bindings, `fold` and `store`.
+fn generated(inputs: usize, outputs: usize) -> String {
+    let mut s = String::new();
+    let binding = |s: &mut String, at: usize, name: &str| {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({at}) var<storage, read_write> {name}: array<U>;"
+        );
+    };
+    for k in 0..inputs {
+        binding(&mut s, k, &format!("a{k}"));
+    }
+    for j in 0..outputs {
+        binding(&mut s, inputs.saturating_add(j), &format!("o{j}"));
+    }
+    s.push_str("fn fold(i: u32) -> U {\n    var acc = a0[i];\n");
+    for k in 1..inputs {
+        let f = if k.saturating_add(1) == inputs {
+            "last"
+        } else {
+            "step"
+        };
+        let _ = writeln!(s, "    acc = {f}(acc, a{k}[i]);");
+    }
+    s.push_str("    return acc;\n}\nfn store(i: u32, v: U) {\n");
+    for j in 0..outputs {
+        let _ = writeln!(s, "    o{j}[i] = v;");
+    }
+    s.push_str("}\n");
+    s
+}
+
+impl DirectKernels {
+    /// The kernel folding `inputs` windows (at least 2) with `op` and
+    /// writing the result to `outputs` windows; the last step divides by
+    /// `divisor` when it is non-zero. `InvalidArgument`-free: a count the
+    /// adapter cannot bind is the caller's to avoid ([`fits`]).
+    pub(crate) fn get(
+        &self,
+        dev: &RankDevice,
+        dtype: DType,
+        op: ReduceOp,
+        divisor: u32,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<DirectReducer> {
+        let key = (dtype, op.shader_code(), divisor, inputs, outputs);
+        if let Some(r) = lock(&self.pipelines).get(&key) {
+            return Ok(r.clone());
+        }
+        if inputs < 2 || outputs < 1 || !fits(dev, inputs, outputs) {
+            return Err(Error::device(
+                dev.rank,
+                None,
+                format!(
+                    "a direct reduction of {inputs} inputs into {outputs} outputs cannot be bound here"
+                ),
+            ));
+        }
+        let source = format!(
+            "{}\n{}\n{}",
+            crate::device::kernels::prelude(dtype),
+            generated(inputs, outputs),
+            TEMPLATE
+        );
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..inputs.saturating_add(outputs))
+            .map(|b| wgpu::BindGroupLayoutEntry {
+                binding: u32::try_from(b).unwrap_or(u32::MAX),
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: false },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let constants = [("OP", f64::from(key.1)), ("DIVISOR", f64::from(divisor))];
+        dev.count_resource();
+        let (pipeline, layout) = dev.scoped(
+            &format!("compiling shaders/direct_reduce.wgsl for {inputs} {dtype} inputs ({op})"),
+            |d| {
+                let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some("direct_reduce.wgsl"),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                });
+                let layout = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("direct_reduce"),
+                    entries: &entries,
+                });
+                let pl = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some("direct_reduce"),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
+                let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some("direct_reduce"),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &constants,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                });
+                (pipeline, layout)
+            },
+        )?;
+        let r = DirectReducer {
+            pipeline,
+            layout,
+            inputs,
+            outputs,
+            binds: Arc::default(),
+        };
+        lock(&self.pipelines).insert(key, r.clone());
+        Ok(r)
+    }
+}
+
+/// Whether `inputs + outputs` storage buffers can be bound in one pass here.
+pub(crate) fn fits(dev: &RankDevice, inputs: usize, outputs: usize) -> bool {
+    inputs.saturating_add(outputs) <= dev.limits.max_storage_buffers_per_shader_stage as usize
+}
+
+impl DirectReducer {
+    /// Records the reduction of `windows` (the inputs in fold order, then
+    /// the outputs; all the same size, a multiple of 16 bytes, at offsets
+    /// the adapter can bind) in one compute pass.
+    pub(crate) fn encode(
+        &self,
+        dev: &RankDevice,
+        enc: &mut wgpu::CommandEncoder,
+        windows: &[Window],
+        unit_bytes: u64,
+    ) -> Result<()> {
+        let Some(&(_, _, bytes)) = windows.first() else {
+            return Ok(());
+        };
+        if windows.len() != self.inputs.saturating_add(self.outputs) {
+            return Err(Error::device(
+                dev.rank,
+                None,
+                format!(
+                    "a direct reduction of {} inputs and {} outputs given {} windows",
+                    self.inputs,
+                    self.outputs,
+                    windows.len()
+                ),
+            ));
+        }
+        let bind = self.bind(dev, windows)?;
+        let units = bytes.checked_div(unit_bytes).unwrap_or(0);
+        let groups = units.div_ceil(WORKGROUP);
+        if groups == 0 {
+            return Ok(());
+        }
+        let max = u64::from(dev.limits.max_compute_workgroups_per_dimension.max(1));
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(
+            u32::try_from(x).unwrap_or(u32::MAX),
+            u32::try_from(y).unwrap_or(u32::MAX),
+            1,
+        );
+        Ok(())
+    }
+
+    /// The bind group of `windows`, from the cache when they were bound before.
+    fn bind(&self, dev: &RankDevice, windows: &[Window]) -> Result<wgpu::BindGroup> {
+        let mut h = DefaultHasher::new();
+        windows.hash(&mut h);
+        let hash = h.finish();
+        {
+            let cache = lock(&self.binds);
+            if let Some((_, _, g)) = cache
+                .iter()
+                .find(|(k, w, _)| *k == hash && w.as_slice() == windows)
+            {
+                return Ok(g.clone());
+            }
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = windows
+            .iter()
+            .enumerate()
+            .map(|(b, (buffer, offset, size))| wgpu::BindGroupEntry {
+                binding: u32::try_from(b).unwrap_or(u32::MAX),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: wgpu::BufferSize::new(*size),
+                }),
+            })
+            .collect();
+        dev.count_resource();
+        let group = dev.scoped("binding a direct reduction", |d| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("direct_reduce"),
+                layout: &self.layout,
+                entries: &entries,
+            })
+        })?;
+        let mut cache = lock(&self.binds);
+        if cache.len() >= BIND_CACHE {
+            cache.pop_front();
+        }
+        cache.push_back((hash, windows.to_vec(), group.clone()));
+        Ok(group)
+    }
+}

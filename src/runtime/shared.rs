@@ -1,0 +1,396 @@
+//! Collectives of a group whose ranks all share one device.
+//!
+//! Every rank's progress thread hands its tensors to the group's meeting
+//! (`transport::shared`); the last to arrive checks that all ranks called
+//! the same collective (the fingerprints, and all_to_all's counts pair by
+//! pair), records the whole group's steps (`algo::direct`) into one
+//! encoder and submits it once, and every rank's `Work` completes on that
+//! one submission. A collective the device steps cannot express (16-bit
+//! chunks that start mid-word, a chunk that does not start where a kernel
+//! can bind it, more inputs than the adapter can bind) goes to the host
+//! schedules instead, decided once for the whole group.
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
+
+use crate::algo::direct::Steps;
+use crate::algo::part_words;
+use crate::api::tensor::{DType, Tensor};
+use crate::device::{RankDevice, Ticket};
+use crate::error::{Error, Result};
+use crate::runtime::collective::Collective;
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::health::Waiter;
+use crate::runtime::progress::SplitTable;
+use crate::transport::shared::Meeting;
+
+/// What a rank brings to the meeting.
+pub(crate) struct Arrival {
+    fp: Fingerprint,
+    what: Collective,
+    ins: Vec<Tensor>,
+    outs: Vec<Tensor>,
+}
+
+/// How a collective went, for one rank.
+#[derive(Clone)]
+pub(crate) enum Outcome {
+    /// The group's submission, which writes every output.
+    Ran {
+        last: Ticket,
+        table: Option<SplitTable>,
+    },
+    /// Run it on the host schedules (every rank was told the same).
+    Host,
+}
+
+/// Where a shared-device group meets.
+pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
+
+/// Runs `what` on `ins` and `outs` (this rank's) with the rest of the group.
+pub(crate) fn run(
+    group: &Group,
+    w: &Waiter<'_>,
+    what: &Collective,
+    ins: &[Tensor],
+    outs: &[Tensor],
+) -> Result<Outcome> {
+    let arrival = Arrival {
+        fp: w.fp,
+        what: what.clone(),
+        ins: ins.to_vec(),
+        outs: outs.to_vec(),
+    };
+    group.meet(
+        w.rank,
+        w.fp.seq,
+        arrival,
+        &w.patience(),
+        |absent| {
+            for &peer in absent {
+                if w.health.is_gone(peer) {
+                    // A peer that left after a failure is reported with that failure.
+                    w.health.check(w.rank, w.fp.seq)?;
+                    return Err(w.peer_failed(
+                        peer,
+                        format!(
+                            "rank {peer} returned from its closure without issuing {}",
+                            w.fp
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        },
+        |all| host(w, all),
+    )?
+}
+
+/// The last rank's part: agree, then record and submit everyone's steps.
+fn host(w: &Waiter<'_>, all: Vec<Arrival>) -> Vec<Result<Outcome>> {
+    let n = all.len();
+    if let Some(errors) = disagreement(w, &all) {
+        return errors.into_iter().map(Err).collect();
+    }
+    let outcome = if feasible(w.dev, &all) {
+        tracing::debug!(
+            rank = w.rank,
+            seq = w.fp.seq,
+            algorithm = "direct",
+            "recording the group's steps"
+        );
+        record(w, &all).map(|(last, table)| Outcome::Ran { last, table })
+    } else {
+        tracing::debug!(
+            rank = w.rank,
+            seq = w.fp.seq,
+            algorithm = "host",
+            "the device steps cannot run it"
+        );
+        Ok(Outcome::Host)
+    };
+    (0..n)
+        .map(|r| match &outcome {
+            Ok(o) => Ok(o.clone()),
+            Err(e) if r == w.rank => Err(e.clone()),
+            Err(e) => Err(Error::device(
+                r,
+                Some(w.fp.seq),
+                format!("the device this rank shares failed the collective: {e}"),
+            )),
+        })
+        .collect()
+}
+
+/// Each rank's error when the ranks did not all call the same collective
+/// (or all_to_all's counts do not pair up); `None` when they agree.
+fn disagreement(w: &Waiter<'_>, all: &[Arrival]) -> Option<Vec<Error>> {
+    let mismatch = |r: usize, ours: String, peer: usize, theirs: String| Error::Mismatch {
+        rank: r,
+        seq: all[r].fp.seq,
+        ours,
+        peer,
+        theirs,
+        flight: w.health.flight.report(),
+    };
+    if all.iter().any(|a| a.fp != all[0].fp) {
+        return Some(
+            all.iter()
+                .enumerate()
+                .map(|(r, a)| {
+                    let peer = all.iter().position(|b| b.fp != a.fp).unwrap_or(0);
+                    mismatch(r, a.fp.to_string(), peer, all[peer].fp.to_string())
+                })
+                .collect(),
+        );
+    }
+    for (r, a) in all.iter().enumerate() {
+        let Collective::AllToAll { send, .. } = &a.what else {
+            return None;
+        };
+        for (j, b) in all.iter().enumerate() {
+            let Collective::AllToAll { recv, .. } = &b.what else {
+                return None;
+            };
+            let (s, t) = (send.get(j).copied(), recv.get(r).copied());
+            if s != t {
+                // Told as the receiver sees it, as a hop would.
+                let ours = format!(
+                    "{} expecting {} elements from rank {r}",
+                    b.fp,
+                    t.unwrap_or(0)
+                );
+                let theirs = format!("{} sending {} elements to rank {j}", a.fp, s.unwrap_or(0));
+                return Some(
+                    (0..all.len())
+                        .map(|x| mismatch(x, ours.clone(), r, theirs.clone()))
+                        .collect(),
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Bytes a kernel's binding offset must be a multiple of.
+fn align(dev: &RankDevice) -> u64 {
+    u64::from(dev.limits.min_storage_buffer_offset_alignment.max(16))
+}
+
+/// Whether the device steps can run this collective (else the host does).
+fn feasible(dev: &RankDevice, all: &[Arrival]) -> bool {
+    let n = all.len();
+    let a = &all[0];
+    match &a.what {
+        Collective::AllReduce { .. }
+        | Collective::AllReduceCoalesced { .. }
+        | Collective::Reduce { .. } => Steps::can_reduce(dev, n),
+        Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
+            Steps::can_reduce(dev, n) && a.outs.iter().all(|o| o.byte_len() % align(dev) == 0)
+        }
+        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
+            a.ins.iter().all(|x| x.byte_len() % 4 == 0)
+        }
+        Collective::AllToAll { dtype, .. } => all.iter().all(|b| match &b.what {
+            Collective::AllToAll { send, recv, .. } => {
+                send.iter().chain(recv).all(|c| (c * dtype.size()) % 4 == 0)
+            }
+            _ => false,
+        }),
+        Collective::Broadcast { .. } | Collective::Barrier | Collective::Split { .. } => true,
+    }
+}
+
+/// A view the device steps cannot bind where it lies, and its stand-in.
+struct Staged {
+    stand_in: Tensor,
+    view: Tensor,
+}
+
+/// Records every rank's steps for the collective in one encoder, submits
+/// it, and returns the submission (and split's table).
+fn record(w: &Waiter<'_>, all: &[Arrival]) -> Result<(Ticket, Option<SplitTable>)> {
+    let dev = w.dev;
+    let n = all.len();
+    let mut steps = Steps {
+        dev,
+        enc: dev.encoder(),
+        n,
+        align: align(dev),
+    };
+    // Views that do not start their buffer on whole units go through
+    // pooled tensors, copied in first and back last.
+    let mut back: Vec<Staged> = Vec::new();
+    let mut ins: Vec<Vec<Tensor>> = Vec::with_capacity(n);
+    let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
+    for a in all {
+        let mut rank_outs = Vec::with_capacity(a.outs.len());
+        for o in &a.outs {
+            if o.direct() {
+                rank_outs.push(o.clone());
+            } else {
+                let stand_in = Tensor::output(o.rank_device(), o.dtype(), o.len())?;
+                back.push(Staged {
+                    stand_in: stand_in.clone(),
+                    view: o.clone(),
+                });
+                rank_outs.push(stand_in);
+            }
+        }
+        let mut rank_ins = Vec::with_capacity(a.ins.len());
+        for x in &a.ins {
+            if x.direct() {
+                rank_ins.push(x.clone());
+                continue;
+            }
+            let stand_in = match back.iter().find(|s| s.view.same_view(x)) {
+                Some(s) => s.stand_in.clone(),
+                None => Tensor::output(x.rank_device(), x.dtype(), x.len())?,
+            };
+            // Whole words: see `Staged` in progress.rs.
+            let bytes = x.byte_len().next_multiple_of(4);
+            steps.copy(x.buffer(), x.offset(), stand_in.buffer(), 0, bytes);
+            rank_ins.push(stand_in);
+        }
+        ins.push(rank_ins);
+        outs.push(rank_outs);
+    }
+    let table = steps_for(&mut steps, &all[0].what, all, &ins, &outs)?;
+    for s in &back {
+        let bytes = s.view.byte_len();
+        let whole = bytes & !3;
+        steps.copy(
+            s.stand_in.buffer(),
+            0,
+            s.view.buffer(),
+            s.view.offset(),
+            whole,
+        );
+        if bytes % 4 != 0 {
+            let last = Tensor::output(s.view.rank_device(), DType::U32, 4)?;
+            steps.copy(s.stand_in.buffer(), whole, last.buffer(), 0, 4);
+            let at = s.view.offset().saturating_add(whole);
+            dev.kernels
+                .patch_half(dev, &mut steps.enc, s.view.buffer(), at, last.buffer())?;
+        }
+    }
+    let ticket = dev.submit(steps.enc, Some(w.fp.seq))?;
+    Ok((ticket, table))
+}
+
+/// The collective's own steps, on views every kernel can bind.
+fn steps_for(
+    steps: &mut Steps<'_>,
+    what: &Collective,
+    all: &[Arrival],
+    ins: &[Vec<Tensor>],
+    outs: &[Vec<Tensor>],
+) -> Result<Option<SplitTable>> {
+    let n = all.len();
+    fn bufs(ts: &[Vec<Tensor>], i: usize) -> Vec<&wgpu::Buffer> {
+        ts.iter().map(|t| t[i].buffer()).collect()
+    }
+    match what {
+        Collective::AllReduce { dtype, op, len } => {
+            let (xs, os) = (bufs(ins, 0), bufs(outs, 0));
+            let words = dtype.words(*len);
+            let q = part_words(words, n, (steps.align / 4) as usize);
+            steps.all_reduce(*dtype, *op, &xs, &os, words, q)?;
+        }
+        Collective::AllReduceCoalesced { dtype, op, .. } => {
+            // One pass over each rank's concatenation, as the ring does.
+            let total: usize = ins[0].iter().map(Tensor::words).sum();
+            let mut flats = Vec::with_capacity(n);
+            for xs in ins {
+                let Some(first) = xs.first() else {
+                    return Ok(None);
+                };
+                let flat = Tensor::output(first.rank_device(), DType::U32, total)?;
+                let mut off = 0;
+                for x in xs {
+                    steps.copy(x.buffer(), 0, flat.buffer(), off, x.used_bytes());
+                    off += x.used_bytes();
+                }
+                flats.push(flat);
+            }
+            let fs: Vec<&wgpu::Buffer> = flats.iter().map(Tensor::buffer).collect();
+            let q = part_words(total, n, (steps.align / 4) as usize);
+            steps.all_reduce(*dtype, *op, &fs, &fs, total, q)?;
+            for (flat, os) in flats.iter().zip(outs) {
+                let mut off = 0;
+                for o in os {
+                    steps.copy(flat.buffer(), off, o.buffer(), 0, o.used_bytes());
+                    off += o.used_bytes();
+                }
+            }
+        }
+        Collective::ReduceScatter { dtype, op, .. }
+        | Collective::ReduceScatterCoalesced { dtype, op, .. } => {
+            for i in 0..ins[0].len() {
+                let (xs, os) = (bufs(ins, i), bufs(outs, i));
+                let chunk = outs[0][i].byte_len();
+                steps.reduce_scatter(*dtype, *op, &xs, &os, chunk)?;
+            }
+        }
+        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
+            for i in 0..ins[0].len() {
+                let bytes = ins[0][i].byte_len();
+                for (r, x) in ins.iter().enumerate() {
+                    for o in outs {
+                        steps.copy(x[i].buffer(), 0, o[i].buffer(), r as u64 * bytes, bytes);
+                    }
+                }
+            }
+        }
+        Collective::Broadcast { root, .. } => {
+            let x = &ins[*root][0];
+            for o in outs {
+                steps.copy(x.buffer(), 0, o[0].buffer(), 0, x.used_bytes());
+            }
+        }
+        Collective::Reduce {
+            dtype, op, root, ..
+        } => {
+            let xs = bufs(ins, 0);
+            let bytes = ins[0][0].used_bytes();
+            steps.reduce(*dtype, *op, &xs, *root, outs[*root][0].buffer(), bytes)?;
+            // The other ranks' outputs keep their own input.
+            for (r, (x, o)) in ins.iter().zip(outs).enumerate() {
+                if r != *root {
+                    steps.copy(x[0].buffer(), 0, o[0].buffer(), 0, x[0].used_bytes());
+                }
+            }
+        }
+        Collective::AllToAll { dtype, .. } => {
+            let size = dtype.size() as u64;
+            for (r, a) in all.iter().enumerate() {
+                let Collective::AllToAll { send, .. } = &a.what else {
+                    continue;
+                };
+                let mut from = 0u64;
+                for (j, &count) in send.iter().enumerate() {
+                    let Collective::AllToAll { recv, .. } = &all[j].what else {
+                        continue;
+                    };
+                    let to: u64 = recv.iter().take(r).map(|&c| c as u64 * size).sum();
+                    let bytes = count as u64 * size;
+                    steps.copy(ins[r][0].buffer(), from, outs[j][0].buffer(), to, bytes);
+                    from += bytes;
+                }
+            }
+        }
+        Collective::Barrier => {}
+        Collective::Split { .. } => {
+            let table = all
+                .iter()
+                .map(|a| match a.what {
+                    Collective::Split { color, key } => (color, key),
+                    _ => (None, 0),
+                })
+                .collect();
+            return Ok(Some(table));
+        }
+    }
+    Ok(None)
+}

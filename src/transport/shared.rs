@@ -1,0 +1,157 @@
+//! The shared-device transport: ranks on one device meet instead of
+//! sending bytes.
+//!
+//! Ranks that share a wgpu device can bind each other's buffers, so a
+//! collective needs no hop at all: every rank hands in what it holds (its
+//! arrival), and the last one to arrive gets all of them and records the
+//! whole group's commands, which the device's one owner submits once
+//! (NCCL's P2P transport and PyTorch SymmetricMemory do the same within a
+//! node). Each rank then gets its own outcome back. What an arrival holds,
+//! and what the last rank does with the arrivals, is the runtime's: this
+//! module knows only who has come, and deadlines.
+
+use std::sync::{Condvar, Mutex};
+
+use crate::deadline::Patience;
+use crate::device::lock;
+use crate::error::Result;
+
+/// Where a group of ranks on one device meets, one round per collective.
+pub(crate) struct Meeting<A, O> {
+    table: Mutex<Table<A, O>>,
+    changed: Condvar,
+}
+
+struct Table<A, O> {
+    /// Each rank's latest round, with its arrival until the last rank of
+    /// the round takes them all.
+    arrived: Vec<Option<(u64, Option<A>)>>,
+    /// Each rank's outcome, with its round, until the rank takes it.
+    outcomes: Vec<Option<(u64, O)>>,
+}
+
+impl<A, O> Meeting<A, O> {
+    /// A meeting place for `n` ranks.
+    pub(crate) fn new(n: usize) -> Meeting<A, O> {
+        Meeting {
+            table: Mutex::new(Table {
+                arrived: (0..n).map(|_| None).collect(),
+                outcomes: (0..n).map(|_| None).collect(),
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Forgets arrivals and outcomes left by an earlier, failed run.
+    pub(crate) fn clear(&self) {
+        let mut t = lock(&self.table);
+        t.arrived.iter_mut().for_each(|a| *a = None);
+        t.outcomes.iter_mut().for_each(|o| *o = None);
+    }
+
+    /// Joins round `round` as `rank` with `arrival`, and returns this
+    /// rank's outcome. The last rank to join takes every arrival (in rank
+    /// order) and runs `host` on them, which gives each rank's outcome.
+    /// Waits as long as `patience` allows; `missing` is asked, each tick,
+    /// about the ranks not yet here, and may end the wait (a rank that
+    /// left will never come).
+    pub(crate) fn meet(
+        &self,
+        rank: usize,
+        round: u64,
+        arrival: A,
+        patience: &Patience<'_>,
+        missing: impl Fn(&[usize]) -> Result<()>,
+        host: impl FnOnce(Vec<A>) -> Vec<O>,
+    ) -> Result<O> {
+        let all = {
+            let mut t = lock(&self.table);
+            let n = t.arrived.len();
+            if let Some(slot) = t.arrived.get_mut(rank) {
+                *slot = Some((round, Some(arrival)));
+            }
+            let here = t
+                .arrived
+                .iter()
+                .filter(|a| a.as_ref().is_some_and(|(r, _)| *r == round))
+                .count();
+            if here == n {
+                let all: Vec<A> = t
+                    .arrived
+                    .iter_mut()
+                    .filter_map(|a| a.as_mut().and_then(|(_, a)| a.take()))
+                    .collect();
+                Some(all)
+            } else {
+                None
+            }
+        };
+        if let Some(all) = all {
+            let outcomes = host(all);
+            let mut t = lock(&self.table);
+            for (slot, o) in t.outcomes.iter_mut().zip(outcomes) {
+                *slot = Some((round, o));
+            }
+            self.changed.notify_all();
+        }
+        let waited = patience.until(
+            || {
+                let t = lock(&self.table);
+                let absent: Vec<String> = t
+                    .arrived
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| !a.as_ref().is_some_and(|(r, _)| *r == round))
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                format!("ranks {} to join on the shared device", absent.join(", "))
+            },
+            |tick| {
+                let mut t = lock(&self.table);
+                if let Some(o) = take_outcome(&mut t, rank, round) {
+                    return Ok(Some(o));
+                }
+                t = self
+                    .changed
+                    .wait_timeout(t, tick)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+                if let Some(o) = take_outcome(&mut t, rank, round) {
+                    return Ok(Some(o));
+                }
+                let absent: Vec<usize> = t
+                    .arrived
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| !a.as_ref().is_some_and(|(r, _)| *r == round))
+                    .map(|(i, _)| i)
+                    .collect();
+                drop(t);
+                missing(&absent).map(|()| None)
+            },
+        );
+        if waited.is_err() {
+            // Withdraw, so that a late rank cannot complete the round with
+            // this rank's stale arrival.
+            let mut t = lock(&self.table);
+            if let Some(slot) = t.arrived.get_mut(rank) {
+                if slot
+                    .as_ref()
+                    .is_some_and(|(r, a)| *r == round && a.is_some())
+                {
+                    *slot = None;
+                }
+            }
+        }
+        waited
+    }
+}
+
+fn take_outcome<A, O>(t: &mut Table<A, O>, rank: usize, round: u64) -> Option<O> {
+    let slot = t.outcomes.get_mut(rank)?;
+    if slot.as_ref().is_some_and(|(r, _)| *r == round) {
+        slot.take().map(|(_, o)| o)
+    } else {
+        None
+    }
+}
