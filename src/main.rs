@@ -198,7 +198,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             a.collective.name(),
             world.size(),
             adapter,
-            "a device per rank",
+            world.placement().name(),
             &ceiling,
             &rows,
         )?;

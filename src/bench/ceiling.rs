@@ -1,10 +1,14 @@
 //! The ceiling: what the machine allows, measured before the sweep, so the
 //! table can say how close the engine gets.
 //!
-//! Every hop between ranks crosses host memory (wgpu has no peer-to-peer),
-//! so on a GPU the host-device-host path bounds bus bandwidth. On a CPU
-//! adapter the "devices" are the host's own memory, which all n ranks
-//! share: busbw cannot exceed about the host memcpy bandwidth over n.
+//! Ranks that share one device read and write each other's buffers there:
+//! an out-of-place collective must read and write every rank's bytes once,
+//! so busbw cannot exceed the device copy rate times the bus factor over
+//! n. Ranks on devices of their own cross host memory (wgpu has no
+//! peer-to-peer), so on a GPU the host-device-host path bounds bus
+//! bandwidth; on a CPU adapter the "devices" are the host's own memory,
+//! which all n ranks share: busbw cannot exceed about the host memcpy
+//! bandwidth over n.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -157,7 +161,16 @@ pub fn measure(world: &World, bytes: u64, bus_factor: f64) -> Result<Ceiling, St
         .adapters()
         .iter()
         .all(|a| a.device_type == wgpu::DeviceType::Cpu);
-    let (busbw, why) = if cpu {
+    let (busbw, why) = if world.placement() == wgpu_collectives::Placement::SharedDevice {
+        // Every rank's bytes are read once and written once on the one
+        // device: n·S bytes copied, so algbw is at most the copy rate / n.
+        (
+            median(copy.clone()) * bus_factor / n as f64,
+            format!(
+                "device copy x bus factor {bus_factor:.2} / {n} ranks (the ranks share one device: each rank's bytes read and written once)"
+            ),
+        )
+    } else if cpu {
         (
             host_memcpy / n as f64,
             format!(

@@ -275,6 +275,11 @@ pub fn header(world: &World, a: &Args) -> String {
         m.beta / 1e9,
         m.dispatch.as_secs_f64() * 1e6
     );
+    s += &format!(
+        "#  placement: {} (transport: {})\n",
+        world.placement(),
+        world.transport()
+    );
     for (rank, info) in world.adapters().iter().enumerate() {
         s += &format!(
             "#  Rank {rank:2} on {} [{:?}, {:?}] driver {} {}\n",

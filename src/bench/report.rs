@@ -100,8 +100,8 @@ pub fn json(
             }),
             "timeout_s": a.timeout,
         },
-        "placement": "a device per rank",
-        "transport": "in-process channels, host staging",
+        "placement": world.placement().name(),
+        "transport": world.transport(),
         "algorithm": format!("{:?}", world.algorithm()),
         "adapters": adapters,
         "ceiling": {
