@@ -1,0 +1,169 @@
+//! The same bits everywhere: every collective, dtype and operator gives
+//! bit-identical results whether the ranks share one device (the direct
+//! kernels) or each has its own (the ring, the one-shot), because each
+//! element's fold order is fixed by its index, the length and n alone.
+//!
+//! Inputs span many magnitudes and both signs, so that float sums in any
+//! other order would round differently and show.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use half::{bf16, f16};
+use wgpu_collectives::{
+    Algorithm, Communicator, DType, Element, Error, Placement, ReduceOp, World, WorldConfig,
+};
+
+const N: usize = 3;
+
+/// Values whose float sums depend on the order they are added in.
+fn values<T: Element>(rank: usize, len: usize, salt: u64) -> Vec<T> {
+    let f = |i: usize| {
+        let b = bits(rank, i, salt);
+        let mag = f32::from_bits((b & 0x007f_ffff) | ((120 + (b >> 24) % 16) << 23));
+        if b & 1 == 0 { mag } else { -mag }
+    };
+    let bytes: Vec<u8> = match T::DTYPE {
+        DType::F32 => (0..len).flat_map(|i| f(i).to_le_bytes()).collect(),
+        DType::F16 => (0..len)
+            .flat_map(|i| f16::from_f32(f(i) * 0.25).to_le_bytes())
+            .collect(),
+        DType::BF16 => (0..len)
+            .flat_map(|i| bf16::from_f32(f(i)).to_le_bytes())
+            .collect(),
+        _ => (0..len)
+            .flat_map(|i| bits(rank, i, salt).to_le_bytes())
+            .collect(),
+    };
+    bytemuck::pod_collect_to_vec(&bytes)
+}
+
+fn bytes_of<T: Element>(v: Vec<T>) -> Vec<u8> {
+    bytemuck::cast_slice(&v).to_vec()
+}
+
+/// Every collective of one dtype, each result as bytes (a rooted reduce:
+/// the root's only), in a fixed order.
+fn program<T: Element>(c: &Communicator, out: &mut Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+    let (r, dtype) = (c.rank(), T::DTYPE);
+    for op in ops_for(dtype) {
+        for len in [1, 37, 1001] {
+            let x = c.tensor(&values::<T>(r, len, 1))?;
+            let y = c.all_reduce(&x, op)?.wait()?;
+            out.push((
+                format!("all_reduce {dtype} {op} {len}"),
+                bytes_of(y.to_vec::<T>()?),
+            ));
+        }
+        let x = c.tensor(&values::<T>(r, N * 41, 2))?;
+        let y = c.reduce_scatter(&x, op)?.wait()?;
+        out.push((
+            format!("reduce_scatter {dtype} {op}"),
+            bytes_of(y.to_vec::<T>()?),
+        ));
+        let x = c.tensor(&values::<T>(r, 29, 3))?;
+        let y = c.reduce(&x, op, 1)?.wait()?;
+        if r == 1 {
+            out.push((format!("reduce {dtype} {op}"), bytes_of(y.to_vec::<T>()?)));
+        }
+        let xs = [
+            c.tensor(&values::<T>(r, 17, 4))?,
+            c.tensor(&values::<T>(r, 40, 5))?,
+        ];
+        let ys = c.all_reduce_coalesced(&xs, op)?.wait_all()?;
+        for (i, y) in ys.iter().enumerate() {
+            out.push((
+                format!("all_reduce_coalesced {dtype} {op} #{i}"),
+                bytes_of(y.to_vec::<T>()?),
+            ));
+        }
+    }
+    let x = c.tensor(&values::<T>(r, 13, 6))?;
+    let y = c.all_gather(&x)?.wait()?;
+    out.push((format!("all_gather {dtype}"), bytes_of(y.to_vec::<T>()?)));
+    let x = c.tensor(&values::<T>(r, 21, 7))?;
+    let y = c.broadcast(&x, 2)?.wait()?;
+    out.push((format!("broadcast {dtype}"), bytes_of(y.to_vec::<T>()?)));
+    let send: Vec<usize> = (0..N).map(|j| (r + 2 * j) % 4 + 1).collect();
+    let recv: Vec<usize> = (0..N).map(|i| (i + 2 * r) % 4 + 1).collect();
+    let x = c.tensor(&values::<T>(r, send.iter().sum(), 8))?;
+    let y = c.all_to_all(&x, Some(&send), Some(&recv))?.wait()?;
+    out.push((format!("all_to_all {dtype}"), bytes_of(y.to_vec::<T>()?)));
+    Ok(())
+}
+
+fn results(config: WorldConfig) -> Vec<Vec<(String, Vec<u8>)>> {
+    let w = World::new(config.with_timeout(Duration::from_secs(60))).expect("world");
+    w.run(|c| -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let mut out = Vec::new();
+        program::<f32>(c, &mut out)?;
+        program::<f16>(c, &mut out)?;
+        program::<bf16>(c, &mut out)?;
+        program::<i32>(c, &mut out)?;
+        program::<u32>(c, &mut out)?;
+        // Parts of several ring slices each (a slice is at most 1 MiB).
+        let x = c.tensor(&values::<f32>(c.rank(), 1_000_003, 9))?;
+        let y = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+        out.push((
+            "all_reduce f32 sum 1000003".into(),
+            bytes_of(y.to_vec::<f32>()?),
+        ));
+        Ok(out)
+    })
+    .expect("run")
+    .into_iter()
+    .map(|r| r.expect("collectives"))
+    .collect()
+}
+
+#[test]
+fn every_collective_gives_the_same_bits_under_every_placement_and_algorithm() {
+    let shared = WorldConfig::new(N).with_placement(Placement::SharedDevice);
+    let want = results(shared);
+    let others = [
+        (
+            "per-rank, auto",
+            WorldConfig::new(N).with_placement(Placement::DevicePerRank),
+        ),
+        (
+            "per-rank, ring",
+            WorldConfig::new(N)
+                .with_placement(Placement::DevicePerRank)
+                .with_algorithm(Algorithm::Ring),
+        ),
+        (
+            "per-rank, one-shot",
+            WorldConfig::new(N)
+                .with_placement(Placement::DevicePerRank)
+                .with_algorithm(Algorithm::OneShot),
+        ),
+    ];
+    for (name, config) in others {
+        let got = results(config);
+        for rank in 0..N {
+            assert_eq!(got[rank].len(), want[rank].len(), "{name}, rank {rank}");
+            for ((what, g), (_, w)) in got[rank].iter().zip(&want[rank]) {
+                if g != w {
+                    let at = g.iter().zip(w).position(|(a, b)| a != b);
+                    panic!(
+                        "{name}, rank {rank}, {what}: differs from the shared device at byte {at:?}"
+                    );
+                }
+            }
+        }
+    }
+    // And every rank holds the same bits (all-reduce: the same output everywhere).
+    let reduced = |rank: usize| -> Vec<&(String, Vec<u8>)> {
+        want[rank]
+            .iter()
+            .filter(|(what, _)| what.starts_with("all_reduce"))
+            .collect()
+    };
+    for rank in 1..N {
+        for (g, w) in reduced(rank).into_iter().zip(reduced(0)) {
+            assert_eq!(g, w, "rank {rank} vs rank 0, {}", g.0);
+        }
+    }
+}
