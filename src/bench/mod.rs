@@ -259,7 +259,11 @@ pub fn header(world: &World, a: &Args) -> String {
         a.check,
     );
     let m = world.cost_model();
+    let shared = world.placement() == wgpu_collectives::Placement::SharedDevice;
     let algo = match world.algorithm() {
+        wgpu_collectives::Algorithm::Auto | wgpu_collectives::Algorithm::Direct if shared => {
+            "direct: one kernel per part reads every rank's input and writes every rank's output on the shared device".to_string()
+        }
         wgpu_collectives::Algorithm::Auto => match m.one_shot_threshold(world.size()) {
             0 => format!("auto: ring at every size on {} ranks", world.size()),
             t => format!(

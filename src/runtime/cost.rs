@@ -26,15 +26,20 @@ pub enum Algorithm {
     /// One shot: every rank sends its whole input to every other and
     /// reduces all n contributions itself (2 round trips, n x the bytes).
     OneShot,
+    /// Ranks that share one device: one kernel per part reads every rank's
+    /// input and writes every rank's output, with no host copy (the
+    /// default there). Where the ranks do not share a device, as `Auto`.
+    Direct,
 }
 
 impl Algorithm {
-    /// `ring`, `oneshot` or `auto` (as `WGPU_COLLECTIVES_ALGO` takes them).
+    /// `ring`, `oneshot`, `direct` or `auto` (as `WGPU_COLLECTIVES_ALGO` takes them).
     pub fn parse(s: &str) -> Option<Algorithm> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Some(Algorithm::Auto),
             "ring" => Some(Algorithm::Ring),
             "oneshot" | "one-shot" | "one_shot" => Some(Algorithm::OneShot),
+            "direct" => Some(Algorithm::Direct),
             _ => None,
         }
     }
@@ -45,6 +50,7 @@ impl Algorithm {
             Algorithm::Auto => "auto",
             Algorithm::Ring => "ring",
             Algorithm::OneShot => "oneshot",
+            Algorithm::Direct => "direct",
         }
     }
 }
@@ -60,9 +66,16 @@ impl Tuning {
     /// The all-reduce algorithm for `bytes` on `n` ranks.
     pub(crate) fn all_reduce(&self, n: usize, bytes: usize) -> Algorithm {
         match self.algorithm {
-            Algorithm::Auto => self.cost.all_reduce_algorithm(n, bytes),
+            Algorithm::Auto | Algorithm::Direct => self.cost.all_reduce_algorithm(n, bytes),
             forced => forced,
         }
+    }
+
+    /// Whether an all-reduce may run on the shared device's direct kernels
+    /// (not when the ring or the one-shot is forced: they run on the host
+    /// schedules, to be compared).
+    pub(crate) fn direct_all_reduce(&self) -> bool {
+        matches!(self.algorithm, Algorithm::Auto | Algorithm::Direct)
     }
 }
 

@@ -241,7 +241,7 @@ impl Progress {
             outs.push(o.tensor(&dev)?);
         }
         if let (Some(group), true) = (&self.group, n > 1) {
-            match shared::run(group, &waiter, &op.what, &op.inputs, outs)? {
+            match shared::run(group, &waiter, &self.tuning, &op.what, &op.inputs, outs)? {
                 shared::Outcome::Ran { last, table } => {
                     if self.counters.enabled() {
                         self.counters.collective();

@@ -20,6 +20,7 @@ use crate::api::tensor::{DType, Tensor};
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
+use crate::runtime::cost::Tuning;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
 use crate::runtime::progress::SplitTable;
@@ -52,6 +53,7 @@ pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
 pub(crate) fn run(
     group: &Group,
     w: &Waiter<'_>,
+    tuning: &Tuning,
     what: &Collective,
     ins: &[Tensor],
     outs: &[Tensor],
@@ -83,17 +85,17 @@ pub(crate) fn run(
             }
             Ok(())
         },
-        |all| host(w, all),
+        |all| host(w, tuning, all),
     )?
 }
 
 /// The last rank's part: agree, then record and submit everyone's steps.
-fn host(w: &Waiter<'_>, all: Vec<Arrival>) -> Vec<Result<Outcome>> {
+fn host(w: &Waiter<'_>, tuning: &Tuning, all: Vec<Arrival>) -> Vec<Result<Outcome>> {
     let n = all.len();
     if let Some(errors) = disagreement(w, &all) {
         return errors.into_iter().map(Err).collect();
     }
-    let outcome = if feasible(w.dev, &all) {
+    let outcome = if feasible(w.dev, tuning, &all) {
         tracing::debug!(
             rank = w.rank,
             seq = w.fp.seq,
@@ -179,13 +181,14 @@ fn align(dev: &RankDevice) -> u64 {
 }
 
 /// Whether the device steps can run this collective (else the host does).
-fn feasible(dev: &RankDevice, all: &[Arrival]) -> bool {
+fn feasible(dev: &RankDevice, tuning: &Tuning, all: &[Arrival]) -> bool {
     let n = all.len();
     let a = &all[0];
     match &a.what {
-        Collective::AllReduce { .. }
-        | Collective::AllReduceCoalesced { .. }
-        | Collective::Reduce { .. } => Steps::can_reduce(dev, n),
+        Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => {
+            tuning.direct_all_reduce() && Steps::can_reduce(dev, n)
+        }
+        Collective::Reduce { .. } => Steps::can_reduce(dev, n),
         Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
             Steps::can_reduce(dev, n) && a.outs.iter().all(|o| o.byte_len() % align(dev) == 0)
         }
