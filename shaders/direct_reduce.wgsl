@@ -7,7 +7,9 @@
 // kernels.rs prepends the dtype prelude (shaders/dtype_*.wgsl: U, V, lift,
 // lower, divide) and, for n inputs and m outputs, the generated part:
 //   bindings a0..a{n-1} (the inputs, in fold order) and o0..o{m-1};
-//   fn fold(i: u32) -> U   { a0, step(_, a1), ..., last(_, a{n-1}) }
+//   fn run(gid, groups, wid) the unit this invocation folds, and its fold:
+//       a0, step(_, a1), ..., last(_, a{n-1}); or, rotating, part c (row
+//       c of workgroups) from input c+1 round to input c
 //   fn store(i: u32, v: U) { o0[i] = v; ...; o{m-1}[i] = v; }
 // Every binding is read_write: an in-place output is the very buffer of an
 // input, and wgpu refuses a buffer bound read-only and writable in one pass.
@@ -56,13 +58,13 @@ fn last(a: U, b: U) -> U {
     return v;
 }
 
+// `run` (generated) finds this invocation's unit: in a dispatch of rows
+// of workgroups, or, rotating, in row y = part y.
 @compute @workgroup_size(64)
 fn main(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
 ) {
-    let i = gid.x + gid.y * groups.x * 64u;
-    if i < arrayLength(&o0) {
-        store(i, fold(i));
-    }
+    run(gid, groups, wid);
 }

@@ -30,6 +30,9 @@ pub(crate) struct Steps<'a> {
     pub n: usize,
     /// Bytes a binding's offset must be a multiple of.
     pub align: u64,
+    /// Whether an all-reduce takes one rotating dispatch rather than one
+    /// per part (the cost model's choice).
+    pub rotate: bool,
 }
 
 /// Rounds `bytes` up to whole 16-byte units (tensors are padded to them).
@@ -44,6 +47,7 @@ impl Steps<'_> {
         op: ReduceOp,
         inputs: usize,
         outputs: usize,
+        rotate: Option<u32>,
     ) -> Result<DirectReducer> {
         let divisor = if op == ReduceOp::Avg {
             self.n as u32
@@ -52,7 +56,7 @@ impl Steps<'_> {
         };
         self.dev
             .direct
-            .get(self.dev, dtype, op, divisor, inputs, outputs)
+            .get(self.dev, dtype, op, divisor, inputs, outputs, rotate)
     }
 
     /// Folds `bytes` from byte `at` of `ins` (in fold order) into byte
@@ -100,7 +104,20 @@ impl Steps<'_> {
     ) -> Result<()> {
         let n = self.n;
         let every = fits(self.dev, n, n);
-        let r = self.reducer(dtype, op, n, if every { n } else { 1 })?;
+        let bytes = units(words as u64 * 4);
+        if every
+            && self.rotate
+            && bytes <= u64::from(self.dev.limits.max_storage_buffer_binding_size)
+        {
+            // One dispatch: the kernel cuts the parts and rotates each itself.
+            let r = self.reducer(dtype, op, n, n, Some((self.align / 16) as u32))?;
+            let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
+            windows.extend(xs.iter().map(|b| ((*b).clone(), 0, bytes)));
+            windows.extend(outs.iter().map(|b| ((*b).clone(), 0, bytes)));
+            let part_units = q as u64 * 4 / dtype.unit_bytes();
+            return r.encode_parts(self.dev, &mut self.enc, &windows, n, part_units);
+        }
+        let r = self.reducer(dtype, op, n, if every { n } else { 1 }, None)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
         for c in 0..n {
             let off = (c * q).min(words);
@@ -139,7 +156,7 @@ impl Steps<'_> {
         chunk: u64,
     ) -> Result<()> {
         let n = self.n;
-        let r = self.reducer(dtype, op, n, 1)?;
+        let r = self.reducer(dtype, op, n, 1, None)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
         for c in 0..n {
             order.clear();
@@ -161,7 +178,7 @@ impl Steps<'_> {
         bytes: u64,
     ) -> Result<()> {
         let n = self.n;
-        let r = self.reducer(dtype, op, n, 1)?;
+        let r = self.reducer(dtype, op, n, 1, None)?;
         let order: Vec<&wgpu::Buffer> = (1..=n).map(|k| xs[(root + k) % n]).collect();
         self.fold(&r, dtype, &order, 0, &[out], 0, bytes)
     }

@@ -26,8 +26,8 @@ const BIND_CACHE: usize = 256;
 /// A window of a buffer: (buffer, byte offset, bytes).
 pub(crate) type Window = (wgpu::Buffer, u64, u64);
 
-/// (dtype, operator code, divisor, inputs, outputs).
-type Key = (DType, u32, u32, usize, usize);
+/// (dtype, operator code, divisor, inputs, outputs, rotating parts' unit alignment).
+type Key = (DType, u32, u32, usize, usize, Option<u32>);
 
 /// The pipelines of the shared-device reduction, per device.
 #[derive(Default)]
@@ -46,7 +46,15 @@ pub(crate) struct DirectReducer {
 }
 
 /// The generated part of the kernel: bindings, `fold` and `store`.
-fn generated(inputs: usize, outputs: usize) -> String {
+///
+/// With `rotate` (the alignment of a part, in 16-byte blocks), one
+/// dispatch covers a whole all-reduce: the kernel cuts the bound length
+/// into n parts as `algo::part_words` does (in whole blocks, since
+/// ceil(ceil(w/4)/n) = ceil(w/(4n)))
+/// and folds part c from input c+1 round to input c. Without it, the
+/// inputs are folded in binding order. A dispatch costs tens of
+/// microseconds on lavapipe, so one instead of n matters for small sizes.
+fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64) -> String {
     let mut s = String::new();
     let binding = |s: &mut String, at: usize, name: &str| {
         let _ = writeln!(
@@ -60,16 +68,59 @@ fn generated(inputs: usize, outputs: usize) -> String {
     for j in 0..outputs {
         binding(&mut s, inputs.saturating_add(j), &format!("o{j}"));
     }
-    s.push_str("fn fold(i: u32) -> U {\n    var acc = a0[i];\n");
-    for k in 1..inputs {
-        let f = if k.saturating_add(1) == inputs {
+    let step = |k: usize| {
+        if k.saturating_add(1) == inputs {
             "last"
         } else {
             "step"
-        };
-        let _ = writeln!(s, "    acc = {f}(acc, a{k}[i]);");
+        }
+    };
+    match rotate {
+        None => {
+            s.push_str("fn fold(i: u32) -> U {\n    var acc = a0[i];\n");
+            for k in 1..inputs {
+                let _ = writeln!(s, "    acc = {}(acc, a{k}[i]);", step(k));
+            }
+            s.push_str(
+                "    return acc;\n}\n\
+                 fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {\n\
+                 \x20   let i = gid.x + gid.y * groups.x * 64u;\n\
+                 \x20   if i < arrayLength(&o0) {\n        store(i, fold(i));\n    }\n}\n",
+            );
+        }
+        Some(align) => {
+            s.push_str("fn load(j: u32, i: u32) -> U {\n    switch j {\n");
+            for k in 0..inputs {
+                let _ = writeln!(s, "        case {k}u: {{ return a{k}[i]; }}");
+            }
+            s.push_str("        default: { return a0[i]; }\n    }\n}\n");
+            // In 16-byte blocks (a unit is a block, or half of one for the
+            // 16-bit types): the bound window is the tensor's whole blocks.
+            // Workgroup row y is part y, so the part (and every `load`'s
+            // case) is the same for the whole workgroup.
+            let upb = 16 / unit_bytes.max(1);
+            let _ = writeln!(
+                s,
+                "fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {{\n    \
+                 let per = (arrayLength(&a0) / {upb}u + {m}u) / {inputs}u;\n    \
+                 let q = (per + {a}u) / {align}u * {align}u * {upb}u;\n    \
+                 let c = wid.y;\n    let i = c * q + gid.x;\n    \
+                 if gid.x >= q || i >= arrayLength(&o0) {{\n        return;\n    }}\n    \
+                 var acc = load((c + 1u) % {inputs}u, i);",
+                m = inputs.saturating_sub(1),
+                a = align.saturating_sub(1),
+            );
+            for k in 2..=inputs {
+                let _ = writeln!(
+                    s,
+                    "    acc = {}(acc, load((c + {k}u) % {inputs}u, i));",
+                    step(k.saturating_sub(1))
+                );
+            }
+            s.push_str("    store(i, acc);\n}\n");
+        }
     }
-    s.push_str("    return acc;\n}\nfn store(i: u32, v: U) {\n");
+    s.push_str("fn store(i: u32, v: U) {\n");
     for j in 0..outputs {
         let _ = writeln!(s, "    o{j}[i] = v;");
     }
@@ -80,8 +131,9 @@ fn generated(inputs: usize, outputs: usize) -> String {
 impl DirectKernels {
     /// The kernel folding `inputs` windows (at least 2) with `op` and
     /// writing the result to `outputs` windows; the last step divides by
-    /// `divisor` when it is non-zero. `InvalidArgument`-free: a count the
-    /// adapter cannot bind is the caller's to avoid ([`fits`]).
+    /// `divisor` when it is non-zero; with `rotate`, each part in its own
+    /// order (see `generated`). A count the adapter cannot bind is the
+    /// caller's to avoid ([`fits`]).
     pub(crate) fn get(
         &self,
         dev: &RankDevice,
@@ -90,8 +142,9 @@ impl DirectKernels {
         divisor: u32,
         inputs: usize,
         outputs: usize,
+        rotate: Option<u32>,
     ) -> Result<DirectReducer> {
-        let key = (dtype, op.shader_code(), divisor, inputs, outputs);
+        let key = (dtype, op.shader_code(), divisor, inputs, outputs, rotate);
         if let Some(r) = lock(&self.pipelines).get(&key) {
             return Ok(r.clone());
         }
@@ -107,7 +160,7 @@ impl DirectKernels {
         let source = format!(
             "{}\n{}\n{}",
             crate::device::kernels::prelude(dtype),
-            generated(inputs, outputs),
+            generated(inputs, outputs, rotate, dtype.unit_bytes()),
             TEMPLATE
         );
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..inputs.saturating_add(outputs))
@@ -212,6 +265,32 @@ impl DirectReducer {
         pass.dispatch_workgroups(
             u32::try_from(x).unwrap_or(u32::MAX),
             u32::try_from(y).unwrap_or(u32::MAX),
+            1,
+        );
+        Ok(())
+    }
+
+    /// Records a rotating reduction (see `generated`): `parts` rows of
+    /// `part_units` units each, one workgroup row per part.
+    pub(crate) fn encode_parts(
+        &self,
+        dev: &RankDevice,
+        enc: &mut wgpu::CommandEncoder,
+        windows: &[Window],
+        parts: usize,
+        part_units: u64,
+    ) -> Result<()> {
+        let bind = self.bind(dev, windows)?;
+        let x = part_units.div_ceil(WORKGROUP);
+        if x == 0 {
+            return Ok(());
+        }
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(
+            u32::try_from(x).unwrap_or(u32::MAX),
+            u32::try_from(parts).unwrap_or(u32::MAX),
             1,
         );
         Ok(())

@@ -89,7 +89,15 @@ pub struct CostModel {
     pub beta: f64,
     /// Fixed cost of one small reduction dispatch.
     pub dispatch: Duration,
+    /// Bytes per second a device copy moves (`copy_buffer_to_buffer`):
+    /// what bounds ranks that share one device.
+    pub copy: f64,
 }
+
+/// How much slower the rotating shared-device kernel moves bytes than a
+/// dispatch per part, as measured on lavapipe (see
+/// [`CostModel::rotate_shared_all_reduce`]).
+pub const ROTATION_PENALTY: f64 = 0.35;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();
@@ -116,6 +124,21 @@ impl CostModel {
             false,
         )?;
         let (data, mut back) = (vec![1u8; bytes], vec![0u8; bytes]);
+        let other = dev.create_buffer(
+            "cost model",
+            bytes as u64,
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            false,
+        )?;
+        let mut copies = Vec::new();
+        for _ in 0..4 {
+            let mut enc = dev.encoder();
+            enc.copy_buffer_to_buffer(&buffer, 0, &other, 0, bytes as u64);
+            let t = Instant::now();
+            let idx = dev.submit(enc, None)?;
+            dev.wait(idx, None, "a device copy")?;
+            copies.push(t.elapsed());
+        }
         let mut trips = Vec::new();
         for _ in 0..3 {
             let t = Instant::now();
@@ -127,10 +150,14 @@ impl CostModel {
         let trip = median(trips)
             .saturating_sub(alpha)
             .max(Duration::from_nanos(1));
+        let copy = median(copies)
+            .saturating_sub(alpha)
+            .max(Duration::from_nanos(1));
         Ok(CostModel {
             alpha,
             beta: bytes as f64 / trip.as_secs_f64(),
             dispatch: Self::measure_dispatch(dev)?,
+            copy: bytes as f64 / copy.as_secs_f64(),
         })
     }
 
@@ -195,6 +222,20 @@ impl CostModel {
         } else {
             Algorithm::Ring
         }
+    }
+
+    /// Whether ranks sharing one device all-reduce `bytes` faster with one
+    /// rotating dispatch (each workgroup row folds its part in the part's
+    /// order) than with a dispatch per part. The rotating kernel picks its
+    /// inputs at run time, which on lavapipe moved bytes about a third
+    /// slower ([`ROTATION_PENALTY`], measured with the benchmark: 1 MiB
+    /// 0.80 vs 1.22 ms, 64 MiB 62 vs 46 ms); a dispatch per part costs
+    /// `dispatch` each. So: one dispatch while the n-1 saved dispatches
+    /// outweigh the slower bytes.
+    pub fn rotate_shared_all_reduce(&self, n: usize, bytes: usize) -> bool {
+        let saved = n.saturating_sub(1) as f64 * self.dispatch.as_secs_f64();
+        let moved = 2.0 * n as f64 * bytes as f64 / self.copy.max(1.0);
+        saved >= ROTATION_PENALTY * moved
     }
 
     /// The largest size for which one shot is the cheaper (0: never).
