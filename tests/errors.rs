@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use wgpu_collectives::{DType, Error, ReduceOp, World, WorldConfig};
+use wgpu_collectives::{DType, Error, Placement, ReduceOp, World, WorldConfig};
 
 #[test]
 fn zero_or_too_many_ranks_is_an_error() {
@@ -58,17 +58,37 @@ fn bitwise_op_on_a_float_is_an_error_and_leaves_the_input() {
 
 #[test]
 fn a_tensor_from_another_ranks_communicator_is_an_error() {
-    let w = world(2);
-    let (c0, c1) = (
-        w.communicator(0).expect("rank 0"),
-        w.communicator(1).expect("rank 1"),
-    );
-    let t = c0.tensor(&[1i32, 2, 3]).expect("tensor");
-    match c1.all_reduce(&t, ReduceOp::Sum) {
-        Err(Error::InvalidArgument { what, .. }) => assert!(what.contains("rank 0"), "{what}"),
-        other => panic!("expected InvalidArgument, got {other:?}"),
+    // Under every placement: ranks that share a device still own their tensors.
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = World::new(WorldConfig::new(2).with_placement(placement)).expect("world");
+        assert_eq!(w.placement(), placement);
+        let (c0, c1) = (
+            w.communicator(0).expect("rank 0"),
+            w.communicator(1).expect("rank 1"),
+        );
+        let t = c0.tensor(&[1i32, 2, 3]).expect("tensor");
+        match c1.all_reduce(&t, ReduceOp::Sum) {
+            Err(Error::InvalidArgument { what, .. }) => {
+                assert!(what.contains("rank 0"), "{placement}: {what}")
+            }
+            other => panic!("{placement}: expected InvalidArgument, got {other:?}"),
+        }
+        assert_eq!(t.to_vec::<i32>().expect("read"), vec![1, 2, 3]);
+        // An eager graph op on two ranks' tensors, likewise.
+        let (a, b) = (
+            c0.tensor(&[1.0f32; 4]).expect("a"),
+            c1.tensor(&[2.0f32; 4]).expect("b"),
+        );
+        match wgpu_collectives::graph::eager::add(&a, &b) {
+            Err(Error::InvalidArgument { what, .. }) => {
+                assert!(
+                    what.contains("rank 0") && what.contains("rank 1"),
+                    "{placement}: {what}"
+                )
+            }
+            other => panic!("{placement}: expected InvalidArgument, got {other:?}"),
+        }
     }
-    assert_eq!(t.to_vec::<i32>().expect("read"), vec![1, 2, 3]);
 }
 
 #[test]

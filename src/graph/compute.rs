@@ -130,9 +130,9 @@ fn f32_only(t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Both on one rank's device.
+/// Both of one rank (ranks that share a device still own their tensors).
 fn same_device(a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.device() != b.device() {
+    if a.rank() != b.rank() || a.device() != b.device() {
         return Err(invalid(
             a.rank(),
             format!(
