@@ -251,7 +251,7 @@ fn plot_is_a_well_formed_svg_with_the_ceiling() {
         assert!(svg.contains(tick), "no tick {tick:?}");
     }
     assert!(
-        svg.contains("ranks on ") && svg.contains("(a device per rank)"),
+        svg.contains("ranks on ") && (svg.contains("(shared)") || svg.contains("(per-rank)")),
         "the title"
     );
 }

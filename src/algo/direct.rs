@@ -7,10 +7,14 @@
 //! reduce-scatter's chunk c likewise, a reduce from root+1 round to the
 //! root. So the bits are the ring's, whichever placement runs it.
 //!
-//! One kernel reads all n inputs and writes every output where the adapter
-//! can bind 2n buffers (moving 2n·S bytes, the least an out-of-place
-//! all-reduce can); else it writes part c to rank c only and device copies
-//! spread it (moving (4n-1)·S).
+//! An all-reduce is one dispatch where the adapter can bind 2n buffers:
+//! workgroup row c folds part c, every invocation reads its unit of all n
+//! inputs and writes all n outputs (2n·S bytes moved, the least an
+//! out-of-place all-reduce can). A dispatch costs 30-60 us on lavapipe, so
+//! one instead of n matters at small sizes. Tensors too large to bind whole
+//! take a dispatch per part and bindable piece; where 2n buffers cannot be
+//! bound, part c is written to rank c only and device copies spread it
+//! ((4n-1)·S moved).
 #![allow(
     clippy::arithmetic_side_effects,
     reason = "layout math over tensors whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
@@ -30,9 +34,6 @@ pub(crate) struct Steps<'a> {
     pub n: usize,
     /// Bytes a binding's offset must be a multiple of.
     pub align: u64,
-    /// Whether an all-reduce takes one rotating dispatch rather than one
-    /// per part (the cost model's choice).
-    pub rotate: bool,
 }
 
 /// Rounds `bytes` up to whole 16-byte units (tensors are padded to them).
@@ -105,10 +106,7 @@ impl Steps<'_> {
         let n = self.n;
         let every = fits(self.dev, n, n);
         let bytes = units(words as u64 * 4);
-        if every
-            && self.rotate
-            && bytes <= u64::from(self.dev.limits.max_storage_buffer_binding_size)
-        {
+        if every && bytes <= u64::from(self.dev.limits.max_storage_buffer_binding_size) {
             // One dispatch: the kernel cuts the parts and rotates each itself.
             let r = self.reducer(dtype, op, n, n, Some((self.align / 16) as u32))?;
             let mut windows: Vec<Window> = Vec::with_capacity(2 * n);

@@ -262,7 +262,7 @@ pub fn header(world: &World, a: &Args) -> String {
     let shared = world.placement() == wgpu_collectives::Placement::SharedDevice;
     let algo = match world.algorithm() {
         wgpu_collectives::Algorithm::Auto | wgpu_collectives::Algorithm::Direct if shared => {
-            "direct: one kernel per part reads every rank's input and writes every rank's output on the shared device".to_string()
+            "direct: one kernel reads every rank's input and writes every rank's output on the shared device".to_string()
         }
         wgpu_collectives::Algorithm::Auto => match m.one_shot_threshold(world.size()) {
             0 => format!("auto: ring at every size on {} ranks", world.size()),
@@ -274,10 +274,11 @@ pub fn header(world: &World, a: &Args) -> String {
         forced => format!("{} (forced)", forced.name()),
     };
     s += &format!(
-        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us)\n",
+        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us, device copy {:.3} GB/s)\n",
         m.alpha.as_secs_f64() * 1e6,
         m.beta / 1e9,
-        m.dispatch.as_secs_f64() * 1e6
+        m.dispatch.as_secs_f64() * 1e6,
+        m.copy / 1e9
     );
     s += &format!(
         "#  placement: {} (transport: {})\n",

@@ -94,11 +94,6 @@ pub struct CostModel {
     pub copy: f64,
 }
 
-/// How much slower the rotating shared-device kernel moves bytes than a
-/// dispatch per part, as measured on lavapipe (see
-/// [`CostModel::rotate_shared_all_reduce`]).
-pub const ROTATION_PENALTY: f64 = 0.35;
-
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or_default()
@@ -222,20 +217,6 @@ impl CostModel {
         } else {
             Algorithm::Ring
         }
-    }
-
-    /// Whether ranks sharing one device all-reduce `bytes` faster with one
-    /// rotating dispatch (each workgroup row folds its part in the part's
-    /// order) than with a dispatch per part. The rotating kernel picks its
-    /// inputs at run time, which on lavapipe moved bytes about a third
-    /// slower ([`ROTATION_PENALTY`], measured with the benchmark: 1 MiB
-    /// 0.80 vs 1.22 ms, 64 MiB 62 vs 46 ms); a dispatch per part costs
-    /// `dispatch` each. So: one dispatch while the n-1 saved dispatches
-    /// outweigh the slower bytes.
-    pub fn rotate_shared_all_reduce(&self, n: usize, bytes: usize) -> bool {
-        let saved = n.saturating_sub(1) as f64 * self.dispatch.as_secs_f64();
-        let moved = 2.0 * n as f64 * bytes as f64 / self.copy.max(1.0);
-        saved >= ROTATION_PENALTY * moved
     }
 
     /// The largest size for which one shot is the cheaper (0: never).

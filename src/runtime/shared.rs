@@ -102,7 +102,7 @@ fn host(w: &Waiter<'_>, tuning: &Tuning, all: Vec<Arrival>) -> Vec<Result<Outcom
             algorithm = "direct",
             "recording the group's steps"
         );
-        record(w, tuning, &all).map(|(last, table)| Outcome::Ran { last, table })
+        record(w, &all).map(|(last, table)| Outcome::Ran { last, table })
     } else {
         tracing::debug!(
             rank = w.rank,
@@ -213,20 +213,14 @@ struct Staged {
 
 /// Records every rank's steps for the collective in one encoder, submits
 /// it, and returns the submission (and split's table).
-fn record(
-    w: &Waiter<'_>,
-    tuning: &Tuning,
-    all: &[Arrival],
-) -> Result<(Ticket, Option<SplitTable>)> {
+fn record(w: &Waiter<'_>, all: &[Arrival]) -> Result<(Ticket, Option<SplitTable>)> {
     let dev = w.dev;
     let n = all.len();
-    let bytes = all[0].fp.bytes().unwrap_or(0);
     let mut steps = Steps {
         dev,
         enc: dev.encoder(),
         n,
         align: align(dev),
-        rotate: tuning.cost.rotate_shared_all_reduce(n, bytes),
     };
     // Views that do not start their buffer on whole units go through
     // pooled tensors, copied in first and back last.
