@@ -68,23 +68,40 @@ fn shape(coll: Collective, n: usize, dtype: DType, bytes: u64) -> Shape {
     }
 }
 
+/// Issues one collective. Out of place, into `out`: one output buffer for
+/// the whole measurement, as nccl-tests' recvbuff (a new output per call
+/// would measure the pool's rotation of buffers as well).
 fn issue(
     c: &Communicator,
     a: &Args,
     x: &Tensor,
+    out: &Tensor,
     op: ReduceOp,
     in_place: bool,
 ) -> Result<Work, Error> {
     match a.collective {
         Collective::AllReduce if in_place => c.all_reduce_in_place(x, op),
-        Collective::AllReduce => c.all_reduce(x, op),
-        Collective::AllGather => c.all_gather(x),
-        Collective::ReduceScatter => c.reduce_scatter(x, op),
+        Collective::AllReduce => c.all_reduce_into(x, out, op),
+        Collective::AllGather => c.all_gather_into(x, out),
+        Collective::ReduceScatter => c.reduce_scatter_into(x, out, op),
         Collective::Broadcast if in_place => c.broadcast_into(x, x, a.root),
-        Collective::Broadcast => c.broadcast(x, a.root),
+        Collective::Broadcast => c.broadcast_into(x, out, a.root),
         Collective::Reduce if in_place => c.reduce_into(x, x, op, a.root),
-        Collective::Reduce => c.reduce(x, op, a.root),
-        Collective::AllToAll => c.all_to_all(x, None, None),
+        Collective::Reduce => c.reduce_into(x, out, op, a.root),
+        Collective::AllToAll => {
+            let n = c.size();
+            let even = vec![x.len() / n.max(1); n];
+            c.all_to_all_into(x, out, Some(&even), Some(&even))
+        }
+    }
+}
+
+/// The output length of the collective on an input of `input` elements.
+fn output_len(coll: Collective, n: usize, input: usize) -> usize {
+    match coll {
+        Collective::AllGather => input * n,
+        Collective::ReduceScatter => input / n.max(1),
+        _ => input,
     }
 }
 
@@ -98,14 +115,15 @@ fn measure(
     in_place: bool,
 ) -> Result<(f64, Option<u64>), Error> {
     let x = data::tensor(c, dtype, op, s.input)?;
+    let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
     for _ in 0..a.warmup {
-        issue(c, a, &x, op, in_place)?.wait()?;
+        issue(c, a, &x, &out, op, in_place)?.wait()?;
     }
     c.barrier()?.wait()?;
     let start = Instant::now();
     let mut last = None;
     for _ in 0..a.iters {
-        last = Some(issue(c, a, &x, op, in_place)?);
+        last = Some(issue(c, a, &x, &out, op, in_place)?);
     }
     if let Some(w) = last {
         w.wait()?;
@@ -116,7 +134,7 @@ fn measure(
     for _ in 0..a.check {
         // Fresh input: in-place iterations have overwritten x.
         let x = data::tensor(c, dtype, op, s.input)?;
-        let y = issue(c, a, &x, op, in_place)?.wait()?;
+        let y = issue(c, a, &x, &out, op, in_place)?.wait()?;
         let want = |k| {
             let w = data::expected_output(a.collective, op, n, r, a.root, s.per_rank, k);
             // --corrupt: expect something no collective produces.
@@ -190,14 +208,15 @@ pub fn time_split(
     world
         .run(|c| {
             let x = data::tensor(c, dtype, op, s.input)?;
+            let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
             for _ in 0..a.warmup.max(1) {
-                issue(c, a, &x, op, false)?.wait()?;
+                issue(c, a, &x, &out, op, false)?.wait()?;
             }
             c.barrier()?.wait()?;
             let _ = c.take_profile();
             c.set_profiling(true);
             for _ in 0..a.iters.max(1) {
-                issue(c, a, &x, op, false)?.wait()?;
+                issue(c, a, &x, &out, op, false)?.wait()?;
             }
             c.set_profiling(false);
             Ok(c.take_profile())
