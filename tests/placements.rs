@@ -167,3 +167,69 @@ fn every_collective_gives_the_same_bits_under_every_placement_and_algorithm() {
         }
     }
 }
+
+/// One device with wgpu's default limits (8 storage buffers per stage), as a
+/// framework might make it, given for every rank.
+fn one_user_device(
+    n: usize,
+) -> Vec<(
+    wgpu_collectives::wgpu::Device,
+    wgpu_collectives::wgpu::Queue,
+)> {
+    use wgpu_collectives::wgpu;
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
+        let name = name.to_lowercase();
+        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+    }
+    let adapter = adapters.first().expect("an adapter (is one installed?)");
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+            .expect("a device with default features and limits");
+    (0..n).map(|_| (device.clone(), queue.clone())).collect()
+}
+
+#[test]
+fn one_device_given_for_every_rank_is_shared_and_too_many_inputs_fall_back() {
+    // 3 ranks: 6 bindings fit wgpu's default 8, so the direct kernels run;
+    // 8 ranks: 16 (or even 9) do not, so the host schedules run instead.
+    for n in [3usize, 8] {
+        let w = World::from_devices(one_user_device(n), WorldConfig::new(n)).expect("world");
+        assert_eq!(w.placement(), Placement::SharedDevice, "{n} ranks");
+        let got = w
+            .run(|c| -> Result<(Vec<f32>, Vec<i32>), Error> {
+                let x = c.tensor(&values::<f32>(c.rank(), 1001, 10))?;
+                let sum = c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()?;
+                let y = c.tensor(&vec![c.rank() as i32 + 1; 4 * n])?;
+                let rs = c
+                    .reduce_scatter(&y, ReduceOp::Sum)?
+                    .wait()?
+                    .to_vec::<i32>()?;
+                Ok((sum, rs))
+            })
+            .expect("run");
+        let per_rank = World::new(WorldConfig::new(n).with_placement(Placement::DevicePerRank))
+            .expect("world")
+            .run(|c| -> Result<Vec<f32>, Error> {
+                let x = c.tensor(&values::<f32>(c.rank(), 1001, 10))?;
+                c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+            })
+            .expect("run");
+        let want_rs = (1..=n as i32).sum::<i32>();
+        for (rank, (r, p)) in got.into_iter().zip(per_rank).enumerate() {
+            let (sum, rs) = r.expect("collectives");
+            let p = p.expect("collectives");
+            let at = sum
+                .iter()
+                .zip(&p)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                at.is_none() && sum.len() == p.len(),
+                "{n} ranks, rank {rank}: differs from a device per rank at element {at:?}"
+            );
+            assert_eq!(rs, vec![want_rs; 4], "{n} ranks, rank {rank}");
+        }
+    }
+}

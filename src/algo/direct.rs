@@ -108,7 +108,7 @@ impl Steps<'_> {
         let bytes = units(words as u64 * 4);
         if every && bytes <= u64::from(self.dev.limits.max_storage_buffer_binding_size) {
             // One dispatch: the kernel cuts the parts and rotates each itself.
-            let r = self.reducer(dtype, op, n, n, Some((self.align / 16) as u32))?;
+            let r = self.reducer(dtype, op, n, n, Some((super::PART_ALIGN_BYTES / 16) as u32))?;
             let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
             windows.extend(xs.iter().map(|b| ((*b).clone(), 0, bytes)));
             windows.extend(outs.iter().map(|b| ((*b).clone(), 0, bytes)));

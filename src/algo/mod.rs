@@ -14,15 +14,20 @@ pub(crate) mod pairwise;
 pub(crate) mod prims;
 pub(crate) mod ring;
 
+/// Bytes every part of an all-reduce starts on a multiple of: 256, the
+/// largest storage-binding offset alignment WebGPU lets an adapter ask
+/// for, so that every part is bindable on any adapter and the parts (hence
+/// the bits) do not depend on which adapter or device limits run it.
+pub(crate) const PART_ALIGN_BYTES: usize = 256;
+
 /// Words in each part of an all-reduce of `words` words over `n` ranks:
-/// ceil(words / n), rounded up to `align` words so that every part starts
-/// where a kernel can bind it. Part c is words [c·q, (c+1)·q) (the last
-/// shorter or empty) and is folded from rank c+1 round to rank c, by the
-/// ring, the one-shot and the shared device alike: each element's fold
-/// order depends only on its index, the length and n (for a given
-/// alignment), so every algorithm and placement gives the same bits.
-pub(crate) fn part_words(words: usize, n: usize, align: usize) -> usize {
-    let align = align.max(1);
+/// ceil(words / n), rounded up to [`PART_ALIGN_BYTES`]. Part c is words
+/// [c·q, (c+1)·q) (the last shorter or empty) and is folded from rank c+1
+/// round to rank c, by the ring, the one-shot and the shared device alike:
+/// each element's fold order depends only on its index, the length and n,
+/// so every algorithm, placement and adapter gives the same bits.
+pub(crate) fn part_words(words: usize, n: usize) -> usize {
+    let align = PART_ALIGN_BYTES / 4;
     words
         .div_ceil(n.max(1))
         .div_ceil(align)

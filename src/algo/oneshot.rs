@@ -62,7 +62,7 @@ pub(crate) fn all_reduce(
 
     // Reduce: chunk c as the ring would, from rank c+1 round to rank c.
     p.buf = out.clone();
-    let chunk = super::part_words(words, n, p.align_words());
+    let chunk = super::part_words(words, n);
     let mut enc = p.encoder();
     for c in 0..n {
         let off = (c * chunk).min(words);

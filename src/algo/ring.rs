@@ -26,7 +26,7 @@ pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
     let ring = |k: usize| (r + k) % n;
     // Round k takes slice k of every part (see `part_words`), so each
     // element is folded in its part's order however many rounds it takes.
-    let q = super::part_words(words, n, p.align_words());
+    let q = super::part_words(words, n);
     let step = p.step_words(q, 1);
     p.reserve(step)?;
     let mut base = 0;

@@ -298,7 +298,7 @@ fn steps_for(
         Collective::AllReduce { dtype, op, len } => {
             let (xs, os) = (bufs(ins, 0), bufs(outs, 0));
             let words = dtype.words(*len);
-            let q = part_words(words, n, (steps.align / 4) as usize);
+            let q = part_words(words, n);
             steps.all_reduce(*dtype, *op, &xs, &os, words, q)?;
         }
         Collective::AllReduceCoalesced { dtype, op, .. } => {
@@ -318,7 +318,7 @@ fn steps_for(
                 flats.push(flat);
             }
             let fs: Vec<&wgpu::Buffer> = flats.iter().map(Tensor::buffer).collect();
-            let q = part_words(total, n, (steps.align / 4) as usize);
+            let q = part_words(total, n);
             steps.all_reduce(*dtype, *op, &fs, &fs, total, q)?;
             for (flat, os) in flats.iter().zip(outs) {
                 let mut off = 0;
