@@ -21,7 +21,7 @@
 )]
 
 use crate::device::RankDevice;
-use crate::device::direct::{DirectReducer, Window, fits};
+use crate::device::direct::{DirectReducer, Fold, Window, fits};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
@@ -55,9 +55,17 @@ impl Steps<'_> {
         } else {
             0
         };
-        self.dev
-            .direct
-            .get(self.dev, dtype, op, divisor, inputs, outputs, rotate)
+        self.dev.direct.get(
+            self.dev,
+            dtype,
+            op,
+            divisor,
+            Fold {
+                inputs,
+                outputs,
+                rotate,
+            },
+        )
     }
 
     /// Folds `bytes` from byte `at` of `ins` (in fold order) into byte
@@ -65,14 +73,13 @@ impl Steps<'_> {
     fn fold(
         &mut self,
         r: &DirectReducer,
-        dtype: DType,
         ins: &[&wgpu::Buffer],
         at: u64,
         outs: &[&wgpu::Buffer],
         out_at: u64,
         bytes: u64,
     ) -> Result<()> {
-        let max = u64::from(self.dev.limits.max_storage_buffer_binding_size);
+        let max = self.dev.limits.max_storage_buffer_binding_size;
         let piece = (max / self.align).max(1) * self.align;
         let mut done = 0;
         let mut windows: Vec<Window> = Vec::with_capacity(ins.len() + outs.len());
@@ -81,7 +88,7 @@ impl Steps<'_> {
             windows.clear();
             windows.extend(ins.iter().map(|b| ((*b).clone(), at + done, size)));
             windows.extend(outs.iter().map(|b| ((*b).clone(), out_at + done, size)));
-            r.encode(self.dev, &mut self.enc, &windows, dtype.unit_bytes())?;
+            r.encode(self.dev, &mut self.enc, &windows)?;
             done += piece;
         }
         Ok(())
@@ -106,7 +113,7 @@ impl Steps<'_> {
         let n = self.n;
         let every = fits(self.dev, n, n);
         let bytes = units(words as u64 * 4);
-        if every && bytes <= u64::from(self.dev.limits.max_storage_buffer_binding_size) {
+        if every && bytes <= self.dev.limits.max_storage_buffer_binding_size {
             // One dispatch: the kernel cuts the parts and rotates each itself.
             let r = self.reducer(dtype, op, n, n, Some((super::PART_ALIGN_BYTES / 16) as u32))?;
             let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
@@ -128,9 +135,9 @@ impl Steps<'_> {
             order.extend((1..=n).map(|k| xs[(c + k) % n]));
             let (at, bytes) = (off as u64 * 4, len as u64 * 4);
             if every {
-                self.fold(&r, dtype, &order, at, outs, at, bytes)?;
+                self.fold(&r, &order, at, outs, at, bytes)?;
             } else {
-                self.fold(&r, dtype, &order, at, &outs[c..=c], at, bytes)?;
+                self.fold(&r, &order, at, &outs[c..=c], at, bytes)?;
                 for (j, out) in outs.iter().enumerate() {
                     if j != c {
                         self.enc
@@ -159,7 +166,7 @@ impl Steps<'_> {
         for c in 0..n {
             order.clear();
             order.extend((1..=n).map(|k| xs[(c + k) % n]));
-            self.fold(&r, dtype, &order, c as u64 * chunk, &outs[c..=c], 0, chunk)?;
+            self.fold(&r, &order, c as u64 * chunk, &outs[c..=c], 0, chunk)?;
         }
         Ok(())
     }
@@ -178,7 +185,7 @@ impl Steps<'_> {
         let n = self.n;
         let r = self.reducer(dtype, op, n, 1, None)?;
         let order: Vec<&wgpu::Buffer> = (1..=n).map(|k| xs[(root + k) % n]).collect();
-        self.fold(&r, dtype, &order, 0, &[out], 0, bytes)
+        self.fold(&r, &order, 0, &[out], 0, bytes)
     }
 
     /// Copies `bytes` (a multiple of 4) from byte `from` of `src` to byte

@@ -106,17 +106,24 @@ impl Call {
     }
 }
 
+/// How a rank reaches the rest of its group: its ends of the links, and
+/// the meeting place when the whole group shares one device.
+pub(crate) struct Reach {
+    pub endpoint: Arc<Link>,
+    pub group: Option<Arc<shared::Group>>,
+}
+
 impl Communicator {
     pub(crate) fn new(
         rank: usize,
         size: usize,
         dev: Arc<RankDevice>,
-        endpoint: Arc<Link>,
+        reach: Reach,
         health: Arc<Health>,
         timeout: Duration,
         tuning: Tuning,
-        group: Option<Arc<shared::Group>>,
     ) -> Result<Communicator> {
+        let Reach { endpoint, group } = reach;
         let (tx, rx) = unbounded();
         let inflight = Arc::new(Inflight::default());
         let counters = Arc::new(Counters::default());
@@ -988,11 +995,10 @@ impl Communicator {
             me,
             parents.len(),
             inner.dev.clone(),
-            endpoint,
+            Reach { endpoint, group },
             health,
             inner.timeout,
             inner.tuning,
-            group,
         )
         .map(Some)
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::api::comm::{Communicator, panic_message};
+use crate::api::comm::{Communicator, Reach, panic_message};
 use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
@@ -429,11 +429,13 @@ impl World {
                     rank,
                     n,
                     dev,
-                    endpoint,
+                    Reach {
+                        endpoint,
+                        group: group.clone(),
+                    },
                     health.clone(),
                     config.timeout,
                     tuning,
-                    group.clone(),
                 )
             })
             .collect::<Result<Vec<_>>>()?;

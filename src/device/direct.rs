@@ -26,8 +26,21 @@ const BIND_CACHE: usize = 256;
 /// A window of a buffer: (buffer, byte offset, bytes).
 pub(crate) type Window = (wgpu::Buffer, u64, u64);
 
-/// (dtype, operator code, divisor, inputs, outputs, rotating parts' unit alignment).
-type Key = (DType, u32, u32, usize, usize, Option<u32>);
+/// What a kernel folds: `inputs` windows (at least 2) into `outputs`, in
+/// binding order, or with `rotate` (the alignment of a part, in 16-byte
+/// blocks) each part in its own order (see `generated`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Fold {
+    pub inputs: usize,
+    pub outputs: usize,
+    pub rotate: Option<u32>,
+}
+
+/// (dtype, operator code, divisor, fold).
+type Key = (DType, u32, u32, Fold);
+
+/// Bind groups recently made, with the windows they bind (and a hash of them).
+type BindCache = VecDeque<(u64, Vec<Window>, wgpu::BindGroup)>;
 
 /// The pipelines of the shared-device reduction, per device.
 #[derive(Default)]
@@ -42,7 +55,8 @@ pub(crate) struct DirectReducer {
     layout: wgpu::BindGroupLayout,
     inputs: usize,
     outputs: usize,
-    binds: Arc<Mutex<VecDeque<(u64, Vec<Window>, wgpu::BindGroup)>>>,
+    unit_bytes: u64,
+    binds: Arc<Mutex<BindCache>>,
 }
 
 /// The generated part of the kernel: bindings, `fold` and `store`.
@@ -95,7 +109,7 @@ fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64
             // inputs unconditionally (it needs each once anyway) and picks
             // the fold order with selects: choosing the binding at run time
             // instead (a switch) moved bytes a third slower on lavapipe.
-            let upb = 16 / unit_bytes.max(1);
+            let upb = 16u64.checked_div(unit_bytes).unwrap_or(1);
             let _ = writeln!(
                 s,
                 "fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {{\n    \
@@ -138,22 +152,23 @@ fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64
 }
 
 impl DirectKernels {
-    /// The kernel folding `inputs` windows (at least 2) with `op` and
-    /// writing the result to `outputs` windows; the last step divides by
-    /// `divisor` when it is non-zero; with `rotate`, each part in its own
-    /// order (see `generated`). A count the adapter cannot bind is the
-    /// caller's to avoid ([`fits`]).
+    /// The kernel applying `fold` with `op`; the last step divides by
+    /// `divisor` when it is non-zero. A count the adapter cannot bind is
+    /// the caller's to avoid ([`fits`]).
     pub(crate) fn get(
         &self,
         dev: &RankDevice,
         dtype: DType,
         op: ReduceOp,
         divisor: u32,
-        inputs: usize,
-        outputs: usize,
-        rotate: Option<u32>,
+        fold: Fold,
     ) -> Result<DirectReducer> {
-        let key = (dtype, op.shader_code(), divisor, inputs, outputs, rotate);
+        let key = (dtype, op.shader_code(), divisor, fold);
+        let Fold {
+            inputs,
+            outputs,
+            rotate,
+        } = fold;
         if let Some(r) = lock(&self.pipelines).get(&key) {
             return Ok(r.clone());
         }
@@ -221,6 +236,7 @@ impl DirectKernels {
             layout,
             inputs,
             outputs,
+            unit_bytes: dtype.unit_bytes(),
             binds: Arc::default(),
         };
         lock(&self.pipelines).insert(key, r.clone());
@@ -242,7 +258,6 @@ impl DirectReducer {
         dev: &RankDevice,
         enc: &mut wgpu::CommandEncoder,
         windows: &[Window],
-        unit_bytes: u64,
     ) -> Result<()> {
         let Some(&(_, _, bytes)) = windows.first() else {
             return Ok(());
@@ -260,7 +275,7 @@ impl DirectReducer {
             ));
         }
         let bind = self.bind(dev, windows)?;
-        let units = bytes.checked_div(unit_bytes).unwrap_or(0);
+        let units = bytes.checked_div(self.unit_bytes).unwrap_or(0);
         let groups = units.div_ceil(WORKGROUP);
         if groups == 0 {
             return Ok(());

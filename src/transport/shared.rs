@@ -101,7 +101,7 @@ impl<A, O> Meeting<A, O> {
                     .arrived
                     .iter()
                     .enumerate()
-                    .filter(|(_, a)| !a.as_ref().is_some_and(|(r, _)| *r == round))
+                    .filter(|(_, a)| a.as_ref().is_none_or(|(r, _)| *r != round))
                     .map(|(i, _)| i.to_string())
                     .collect();
                 format!("ranks {} to join on the shared device", absent.join(", "))
@@ -123,7 +123,7 @@ impl<A, O> Meeting<A, O> {
                     .arrived
                     .iter()
                     .enumerate()
-                    .filter(|(_, a)| !a.as_ref().is_some_and(|(r, _)| *r == round))
+                    .filter(|(_, a)| a.as_ref().is_none_or(|(r, _)| *r != round))
                     .map(|(i, _)| i)
                     .collect();
                 drop(t);
