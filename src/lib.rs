@@ -2,10 +2,13 @@
 //!
 //! NCCL gives NVIDIA GPUs fast collectives; wgpu users (Vulkan, Metal,
 //! DX12: AMD, Intel, Apple, NVIDIA alike) have nothing comparable. This
-//! crate runs a [`World`] of simulated ranks, each on its own wgpu device,
-//! executing SPMD code as `torch.distributed` programs do. Collectives are
-//! ring schedules whose reductions are WGSL kernels on the receiving rank's
-//! device; they return at once with a fence-backed [`Work`].
+//! crate runs a [`World`] of simulated ranks on wgpu devices, executing
+//! SPMD code as `torch.distributed` programs do. Ranks on one adapter share
+//! its device ([`Placement`]): a collective is then one submission whose
+//! kernel reads every rank's input where it lies. Ranks on devices of their
+//! own run ring schedules through host memory, whose reductions are WGSL
+//! kernels on the receiving rank's device. Either way a collective returns
+//! at once with a fence-backed [`Work`], and gives the same bits.
 //!
 //! ```no_run
 //! use wgpu_collectives::{World, WorldConfig, Communicator, ReduceOp};
@@ -41,7 +44,8 @@
 //! ```
 //!
 //! What there is: [`World`] and [`WorldConfig`] (the ranks, their
-//! devices, SPMD runs), [`Communicator`] (a rank's view of a group: tensors,
+//! devices, SPMD runs), [`Placement`] (which ranks share a device),
+//! [`Communicator`] (a rank's view of a group: tensors,
 //! collectives, its device), [`Tensor`] and [`Work`] (the handle a
 //! collective returns), [`Error`]; the [`graph`] module (traced graphs,
 //! passes, an executor); [`FlightRecord`] (what every rank last did);
