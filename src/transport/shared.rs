@@ -12,7 +12,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-use crate::deadline::Patience;
+use crate::deadline::{Patience, Watch};
 use crate::device::lock;
 use crate::error::Result;
 
@@ -94,6 +94,19 @@ impl<A, O> Meeting<A, O> {
             }
             self.changed.notify_all();
         }
+        // An outcome that is here wins over a failure the watch may report
+        // meanwhile: a rank the group's own submission failed reports that
+        // failure itself, not a peer's report of it.
+        let ready = ReadyFirst {
+            meeting: self,
+            rank,
+            round,
+            inner: patience.watch,
+        };
+        let patience = Patience {
+            watch: &ready,
+            ..*patience
+        };
         let waited = patience.until(
             || {
                 let t = lock(&self.table);
@@ -144,6 +157,28 @@ impl<A, O> Meeting<A, O> {
             }
         }
         waited
+    }
+}
+
+/// The runtime's watch, quiet once this rank's outcome has come.
+struct ReadyFirst<'a, A, O> {
+    meeting: &'a Meeting<A, O>,
+    rank: usize,
+    round: u64,
+    inner: &'a dyn Watch,
+}
+
+impl<A, O> Watch for ReadyFirst<'_, A, O> {
+    fn check(&self) -> Result<()> {
+        let here = lock(&self.meeting.table)
+            .outcomes
+            .get(self.rank)
+            .is_some_and(|o| o.as_ref().is_some_and(|(r, _)| *r == self.round));
+        if here { Ok(()) } else { self.inner.check() }
+    }
+
+    fn timed_out(&self, what: String, after: std::time::Duration) -> crate::error::Error {
+        self.inner.timed_out(what, after)
     }
 }
 
