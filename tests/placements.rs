@@ -233,3 +233,47 @@ fn one_device_given_for_every_rank_is_shared_and_too_many_inputs_fall_back() {
         }
     }
 }
+
+#[test]
+fn ranks_that_share_a_device_must_not_share_the_bytes_a_collective_writes() {
+    use wgpu_collectives::wgpu;
+    let w = World::new(WorldConfig::new(2).with_placement(Placement::SharedDevice)).expect("world");
+    let c0 = w.communicator(0).expect("rank 0");
+    let buffer = c0.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("one buffer for two ranks"),
+        size: 512,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let ones: Vec<u8> = bytemuck::cast_slice(&[1.0f32; 128]).to_vec();
+    c0.queue().write_buffer(&buffer, 0, &ones);
+    // Both ranks wrap the same bytes: refused on every rank, nothing written.
+    let clash = w
+        .run(|c| -> Result<(), Error> {
+            let x = c.wrap_buffer(&buffer, 0, DType::F32, 64)?;
+            c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait().map(|_| ())
+        })
+        .expect("run");
+    for (rank, r) in clash.into_iter().enumerate() {
+        match r {
+            Err(Error::InvalidArgument { what, .. }) => {
+                assert!(what.contains("shares bytes"), "rank {rank}: {what}")
+            }
+            other => panic!("rank {rank}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    // Disjoint halves of the one buffer are fine.
+    let sums = w
+        .run(|c| -> Result<Vec<f32>, Error> {
+            let x = c.wrap_buffer(&buffer, 256 * c.rank() as u64, DType::F32, 64)?;
+            c.all_reduce_in_place(&x, ReduceOp::Sum)?
+                .wait()?
+                .to_vec::<f32>()
+        })
+        .expect("run");
+    for (rank, s) in sums.into_iter().enumerate() {
+        assert_eq!(s.expect("all_reduce"), vec![2.0; 64], "rank {rank}");
+    }
+}

@@ -95,6 +95,11 @@ fn host(w: &Waiter<'_>, tuning: &Tuning, all: Vec<Arrival>) -> Vec<Result<Outcom
     if let Some(errors) = disagreement(w, &all) {
         return errors.into_iter().map(Err).collect();
     }
+    if let Some(why) = shared_bytes(&all) {
+        return (0..n)
+            .map(|r| Err(Error::invalid(r, why.clone())))
+            .collect();
+    }
     let outcome = if feasible(w.dev, tuning, &all) {
         tracing::debug!(
             rank = w.rank,
@@ -169,6 +174,31 @@ fn disagreement(w: &Waiter<'_>, all: &[Arrival]) -> Option<Vec<Error>> {
                         .map(|x| mismatch(x, ours.clone(), r, theirs.clone()))
                         .collect(),
                 );
+            }
+        }
+    }
+    None
+}
+
+/// Ranks that share a device could hand in views of one buffer; a rank's
+/// output that shares bytes with another rank's tensor would be written
+/// while the other reads or writes it. Why, when it does.
+fn shared_bytes(all: &[Arrival]) -> Option<String> {
+    for (r, a) in all.iter().enumerate() {
+        for (s, b) in all.iter().enumerate() {
+            if r == s {
+                continue;
+            }
+            let clash = a
+                .outs
+                .iter()
+                .any(|o| b.ins.iter().chain(&b.outs).any(|t| o.overlaps(t)));
+            if clash {
+                return Some(format!(
+                    "{}: rank {r}'s output shares bytes with a tensor of rank {s} (ranks that \
+                     share a device must not share the bytes a collective writes)",
+                    a.fp
+                ));
             }
         }
     }
