@@ -25,6 +25,7 @@ use crate::device::direct::{DirectReducer, Fold, Window, fits};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
+use crate::runtime::profile::Timestamps;
 
 /// One collective's device steps for the whole group, recorded into one
 /// encoder.
@@ -34,6 +35,8 @@ pub(crate) struct Steps<'a> {
     pub n: usize,
     /// Bytes a binding's offset must be a multiple of.
     pub align: u64,
+    /// GPU timestamps around the kernel passes, when profiling.
+    pub stamps: Option<&'a mut Timestamps>,
 }
 
 /// Rounds `bytes` up to whole 16-byte units (tensors are padded to them).
@@ -42,6 +45,12 @@ fn units(bytes: u64) -> u64 {
 }
 
 impl Steps<'_> {
+    /// Timestamp queries for the next kernel pass, while the batch has room
+    /// (the caller reads it back after each collective).
+    fn stamp(&mut self) -> Option<(wgpu::QuerySet, u32)> {
+        self.stamps.as_deref_mut().and_then(Timestamps::next)
+    }
+
     fn reducer(
         &self,
         dtype: DType,
@@ -88,7 +97,8 @@ impl Steps<'_> {
             windows.clear();
             windows.extend(ins.iter().map(|b| ((*b).clone(), at + done, size)));
             windows.extend(outs.iter().map(|b| ((*b).clone(), out_at + done, size)));
-            r.encode(self.dev, &mut self.enc, &windows)?;
+            let stamps = self.stamp();
+            r.encode(self.dev, &mut self.enc, &windows, stamps)?;
             done += piece;
         }
         Ok(())
@@ -120,7 +130,8 @@ impl Steps<'_> {
             windows.extend(xs.iter().map(|b| ((*b).clone(), 0, bytes)));
             windows.extend(outs.iter().map(|b| ((*b).clone(), 0, bytes)));
             let part_units = q as u64 * 4 / dtype.unit_bytes();
-            return r.encode_parts(self.dev, &mut self.enc, &windows, n, part_units);
+            let stamps = self.stamp();
+            return r.encode_parts(self.dev, &mut self.enc, &windows, n, part_units, stamps);
         }
         let r = self.reducer(dtype, op, n, if every { n } else { 1 }, None)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);

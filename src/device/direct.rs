@@ -244,6 +244,18 @@ impl DirectKernels {
     }
 }
 
+/// A compute pass, with GPU timestamps around it when profiling.
+fn pass_descriptor(stamps: Option<&(wgpu::QuerySet, u32)>) -> wgpu::ComputePassDescriptor<'_> {
+    wgpu::ComputePassDescriptor {
+        label: None,
+        timestamp_writes: stamps.map(|(set, i)| wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(*i),
+            end_of_pass_write_index: Some(i.saturating_add(1)),
+        }),
+    }
+}
+
 /// Whether `inputs + outputs` storage buffers can be bound in one pass here.
 pub(crate) fn fits(dev: &RankDevice, inputs: usize, outputs: usize) -> bool {
     inputs.saturating_add(outputs) <= dev.limits.max_storage_buffers_per_shader_stage as usize
@@ -258,6 +270,7 @@ impl DirectReducer {
         dev: &RankDevice,
         enc: &mut wgpu::CommandEncoder,
         windows: &[Window],
+        stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
         let Some(&(_, _, bytes)) = windows.first() else {
             return Ok(());
@@ -283,7 +296,7 @@ impl DirectReducer {
         let max = u64::from(dev.limits.max_compute_workgroups_per_dimension.max(1));
         let x = groups.min(max);
         let y = groups.div_ceil(x);
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let mut pass = enc.begin_compute_pass(&pass_descriptor(stamps.as_ref()));
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(
@@ -303,13 +316,14 @@ impl DirectReducer {
         windows: &[Window],
         parts: usize,
         part_units: u64,
+        stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
         let bind = self.bind(dev, windows)?;
         let x = part_units.div_ceil(WORKGROUP);
         if x == 0 {
             return Ok(());
         }
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let mut pass = enc.begin_compute_pass(&pass_descriptor(stamps.as_ref()));
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(

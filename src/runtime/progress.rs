@@ -241,9 +241,27 @@ impl Progress {
             outs.push(o.tensor(&dev)?);
         }
         if let (Some(group), true) = (&self.group, n > 1) {
-            match shared::run(group, &waiter, &self.tuning, &op.what, &op.inputs, outs)? {
+            let profiling = self.counters.enabled();
+            if profiling && dev.timestamps && self.stamps.is_none() {
+                self.stamps = Some(Timestamps::new(&dev)?);
+            }
+            let since = std::time::Instant::now();
+            let outcome = shared::run(
+                group,
+                &waiter,
+                &self.tuning,
+                &op.what,
+                &op.inputs,
+                outs,
+                profiling.then(|| self.counters.clone()),
+                self.stamps.as_mut().filter(|_| profiling),
+            )?;
+            match outcome {
                 shared::Outcome::Ran { last, table } => {
-                    if self.counters.enabled() {
+                    if profiling {
+                        // The meeting: waiting for the group, and for the
+                        // last rank to record and submit its steps.
+                        self.counters.waited(since);
                         self.counters.collective();
                     }
                     return Ok(Ran { last, table });

@@ -14,6 +14,8 @@
     reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
 )]
 
+use std::sync::Arc;
+
 use crate::algo::direct::Steps;
 use crate::algo::part_words;
 use crate::api::tensor::{DType, Tensor};
@@ -23,6 +25,7 @@ use crate::runtime::collective::Collective;
 use crate::runtime::cost::Tuning;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
+use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::progress::SplitTable;
 use crate::transport::shared::Meeting;
 
@@ -32,6 +35,9 @@ pub(crate) struct Arrival {
     what: Collective,
     ins: Vec<Tensor>,
     outs: Vec<Tensor>,
+    /// The rank's profile, when it is profiling: the group's kernel time
+    /// is added to it.
+    profile: Option<Arc<Counters>>,
 }
 
 /// How a collective went, for one rank.
@@ -50,6 +56,10 @@ pub(crate) enum Outcome {
 pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
 
 /// Runs `what` on `ins` and `outs` (this rank's) with the rest of the group.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the collective, this rank's tensors and its profiling state: one call site, in the progress thread"
+)]
 pub(crate) fn run(
     group: &Group,
     w: &Waiter<'_>,
@@ -57,12 +67,15 @@ pub(crate) fn run(
     what: &Collective,
     ins: &[Tensor],
     outs: &[Tensor],
+    profile: Option<Arc<Counters>>,
+    stamps: Option<&mut Timestamps>,
 ) -> Result<Outcome> {
     let arrival = Arrival {
         fp: w.fp,
         what: what.clone(),
         ins: ins.to_vec(),
         outs: outs.to_vec(),
+        profile,
     };
     group.meet(
         w.rank,
@@ -85,12 +98,17 @@ pub(crate) fn run(
             }
             Ok(())
         },
-        |all| host(w, tuning, all),
+        |all| host(w, tuning, all, stamps),
     )?
 }
 
 /// The last rank's part: agree, then record and submit everyone's steps.
-fn host(w: &Waiter<'_>, tuning: &Tuning, all: Vec<Arrival>) -> Vec<Result<Outcome>> {
+fn host(
+    w: &Waiter<'_>,
+    tuning: &Tuning,
+    all: Vec<Arrival>,
+    stamps: Option<&mut Timestamps>,
+) -> Vec<Result<Outcome>> {
     let n = all.len();
     if let Some(errors) = disagreement(w, &all) {
         return errors.into_iter().map(Err).collect();
@@ -107,7 +125,7 @@ fn host(w: &Waiter<'_>, tuning: &Tuning, all: Vec<Arrival>) -> Vec<Result<Outcom
             algorithm = "direct",
             "recording the group's steps"
         );
-        record(w, &all).map(|(last, table)| Outcome::Ran { last, table })
+        record(w, &all, stamps).map(|(last, table)| Outcome::Ran { last, table })
     } else {
         tracing::debug!(
             rank = w.rank,
@@ -243,14 +261,20 @@ struct Staged {
 
 /// Records every rank's steps for the collective in one encoder, submits
 /// it, and returns the submission (and split's table).
-fn record(w: &Waiter<'_>, all: &[Arrival]) -> Result<(Ticket, Option<SplitTable>)> {
+fn record(
+    w: &Waiter<'_>,
+    all: &[Arrival],
+    stamps: Option<&mut Timestamps>,
+) -> Result<(Ticket, Option<SplitTable>)> {
     let dev = w.dev;
     let n = all.len();
+    let profiling = all.iter().any(|a| a.profile.is_some());
     let mut steps = Steps {
         dev,
         enc: dev.encoder(),
         n,
         align: align(dev),
+        stamps: stamps.filter(|_| profiling),
     };
     // Views that do not start their buffer on whole units go through
     // pooled tensors, copied in first and back last.
@@ -309,6 +333,13 @@ fn record(w: &Waiter<'_>, all: &[Arrival]) -> Result<(Ticket, Option<SplitTable>
         }
     }
     let ticket = dev.submit(steps.enc, Some(w.fp.seq))?;
+    if let Some(ts) = steps.stamps {
+        // Profiling only: waits for the group's kernels, once per collective.
+        let ns = ts.collect(dev, w.fp.seq)?;
+        for p in all.iter().filter_map(|a| a.profile.as_ref()) {
+            p.kernel_ns(ns);
+        }
+    }
     Ok((ticket, table))
 }
 
