@@ -31,7 +31,6 @@ fn main() -> Result<(), String> {
             alpha: std::time::Duration::from_micros(80),
             beta: 1.5e9,
             dispatch: std::time::Duration::from_micros(50),
-            copy: 5e9,
         },
         ranks: 4,
         flops: 5e10,

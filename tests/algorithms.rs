@@ -111,7 +111,6 @@ fn the_cost_model_picks_one_shot_for_small_messages_only() {
         alpha: Duration::from_micros(100),
         beta: 1e9,
         dispatch: Duration::from_micros(5),
-        copy: 5e9,
     };
     assert_eq!(m.all_reduce_algorithm(4, 4096), Algorithm::OneShot);
     assert_eq!(m.all_reduce_algorithm(4, 64 << 20), Algorithm::Ring);

@@ -253,7 +253,6 @@ fn cost() -> wgpu_collectives::graph::passes::GraphCost {
             alpha: std::time::Duration::from_micros(100),
             beta: 1e9,
             dispatch: std::time::Duration::from_micros(5),
-            copy: 5e9,
         },
         ranks: 4,
         flops: 1e9,

@@ -293,11 +293,10 @@ pub fn header(world: &World, a: &Args) -> String {
         forced => format!("{} (forced)", forced.name()),
     };
     s += &format!(
-        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us, device copy {:.3} GB/s)\n",
+        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us)\n",
         m.alpha.as_secs_f64() * 1e6,
         m.beta / 1e9,
-        m.dispatch.as_secs_f64() * 1e6,
-        m.copy / 1e9
+        m.dispatch.as_secs_f64() * 1e6
     );
     s += &format!(
         "#  placement: {} (transport: {})\n",

@@ -89,9 +89,6 @@ pub struct CostModel {
     pub beta: f64,
     /// Fixed cost of one small reduction dispatch.
     pub dispatch: Duration,
-    /// Bytes per second a device copy moves (`copy_buffer_to_buffer`):
-    /// what bounds ranks that share one device.
-    pub copy: f64,
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -119,21 +116,6 @@ impl CostModel {
             false,
         )?;
         let (data, mut back) = (vec![1u8; bytes], vec![0u8; bytes]);
-        let other = dev.create_buffer(
-            "cost model",
-            bytes as u64,
-            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            false,
-        )?;
-        let mut copies = Vec::new();
-        for _ in 0..4 {
-            let mut enc = dev.encoder();
-            enc.copy_buffer_to_buffer(&buffer, 0, &other, 0, bytes as u64);
-            let t = Instant::now();
-            let idx = dev.submit(enc, None)?;
-            dev.wait(idx, None, "a device copy")?;
-            copies.push(t.elapsed());
-        }
         let mut trips = Vec::new();
         for _ in 0..3 {
             let t = Instant::now();
@@ -145,14 +127,10 @@ impl CostModel {
         let trip = median(trips)
             .saturating_sub(alpha)
             .max(Duration::from_nanos(1));
-        let copy = median(copies)
-            .saturating_sub(alpha)
-            .max(Duration::from_nanos(1));
         Ok(CostModel {
             alpha,
             beta: bytes as f64 / trip.as_secs_f64(),
             dispatch: Self::measure_dispatch(dev)?,
-            copy: bytes as f64 / copy.as_secs_f64(),
         })
     }
 
