@@ -57,12 +57,17 @@ fn program<T: Element>(c: &Communicator, out: &mut Vec<(String, Vec<u8>)>) -> Re
                 bytes_of(y.to_vec::<T>()?),
             ));
         }
-        let x = c.tensor(&values::<T>(r, N * 41, 2))?;
-        let y = c.reduce_scatter(&x, op)?.wait()?;
-        out.push((
-            format!("reduce_scatter {dtype} {op}"),
-            bytes_of(y.to_vec::<T>()?),
-        ));
+        // Chunks of 41 start mid-unit (the host schedules run them on a
+        // shared device too); chunks of 128 elements start where a kernel
+        // can bind them on any adapter (the shared device's kernel).
+        for per in [41, 128] {
+            let x = c.tensor(&values::<T>(r, N * per, 2))?;
+            let y = c.reduce_scatter(&x, op)?.wait()?;
+            out.push((
+                format!("reduce_scatter {dtype} {op} {per}"),
+                bytes_of(y.to_vec::<T>()?),
+            ));
+        }
         let x = c.tensor(&values::<T>(r, 29, 3))?;
         let y = c.reduce(&x, op, 1)?.wait()?;
         if r == 1 {

@@ -21,7 +21,7 @@
 )]
 
 use crate::device::RankDevice;
-use crate::device::direct::{DirectReducer, Fold, Window, fits};
+use crate::device::direct::{DirectReducer, Fold, Order, Window, fits};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
@@ -57,7 +57,7 @@ impl Steps<'_> {
         op: ReduceOp,
         inputs: usize,
         outputs: usize,
-        rotate: Option<u32>,
+        order: Order,
     ) -> Result<DirectReducer> {
         let divisor = if op == ReduceOp::Avg {
             self.n as u32
@@ -72,7 +72,7 @@ impl Steps<'_> {
             Fold {
                 inputs,
                 outputs,
-                rotate,
+                order,
             },
         )
     }
@@ -125,7 +125,8 @@ impl Steps<'_> {
         let bytes = units(words as u64 * 4);
         if every && bytes <= self.dev.limits.max_storage_buffer_binding_size {
             // One dispatch: the kernel cuts the parts and rotates each itself.
-            let r = self.reducer(dtype, op, n, n, Some((super::PART_ALIGN_BYTES / 16) as u32))?;
+            let align = (super::PART_ALIGN_BYTES / 16) as u32;
+            let r = self.reducer(dtype, op, n, n, Order::Parts { align })?;
             let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
             windows.extend(xs.iter().map(|b| ((*b).clone(), 0, bytes)));
             windows.extend(outs.iter().map(|b| ((*b).clone(), 0, bytes)));
@@ -133,7 +134,7 @@ impl Steps<'_> {
             let stamps = self.stamp();
             return r.encode_parts(self.dev, &mut self.enc, &windows, n, part_units, stamps);
         }
-        let r = self.reducer(dtype, op, n, if every { n } else { 1 }, None)?;
+        let r = self.reducer(dtype, op, n, if every { n } else { 1 }, Order::Bound)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
         for c in 0..n {
             let off = (c * q).min(words);
@@ -172,7 +173,19 @@ impl Steps<'_> {
         chunk: u64,
     ) -> Result<()> {
         let n = self.n;
-        let r = self.reducer(dtype, op, n, 1, None)?;
+        let whole = chunk * n as u64;
+        let max = self.dev.limits.max_storage_buffer_binding_size;
+        if fits(self.dev, n, n) && whole <= max && chunk > 0 {
+            // One dispatch: workgroup row c folds chunk c into output c.
+            let r = self.reducer(dtype, op, n, n, Order::Chunks)?;
+            let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
+            windows.extend(xs.iter().map(|b| ((*b).clone(), 0, whole)));
+            windows.extend(outs.iter().map(|b| ((*b).clone(), 0, chunk)));
+            let units = chunk / dtype.unit_bytes();
+            let stamps = self.stamp();
+            return r.encode_parts(self.dev, &mut self.enc, &windows, n, units, stamps);
+        }
+        let r = self.reducer(dtype, op, n, 1, Order::Bound)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
         for c in 0..n {
             order.clear();
@@ -194,7 +207,7 @@ impl Steps<'_> {
         bytes: u64,
     ) -> Result<()> {
         let n = self.n;
-        let r = self.reducer(dtype, op, n, 1, None)?;
+        let r = self.reducer(dtype, op, n, 1, Order::Bound)?;
         let order: Vec<&wgpu::Buffer> = (1..=n).map(|k| xs[(root + k) % n]).collect();
         self.fold(&r, &order, 0, &[out], 0, bytes)
     }

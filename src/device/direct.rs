@@ -27,13 +27,26 @@ const BIND_CACHE: usize = 256;
 pub(crate) type Window = (wgpu::Buffer, u64, u64);
 
 /// What a kernel folds: `inputs` windows (at least 2) into `outputs`, in
-/// binding order, or with `rotate` (the alignment of a part, in 16-byte
-/// blocks) each part in its own order (see `generated`).
+/// the given order (see `generated`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Fold {
     pub inputs: usize,
     pub outputs: usize,
-    pub rotate: Option<u32>,
+    pub order: Order,
+}
+
+/// The order a kernel folds its inputs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Order {
+    /// Binding order, every unit alike; every output gets the result.
+    Bound,
+    /// An all-reduce's parts (starting on multiples of `align` 16-byte
+    /// blocks): part c from input c+1 round to input c, one workgroup row
+    /// per part; every output gets the result.
+    Parts { align: u32 },
+    /// A reduce-scatter's chunks (each an output's length): chunk c from
+    /// input c+1 round to input c, into output c only, one row per chunk.
+    Chunks,
 }
 
 /// (dtype, operator code, divisor, fold).
@@ -59,16 +72,16 @@ pub(crate) struct DirectReducer {
     binds: Arc<Mutex<BindCache>>,
 }
 
-/// The generated part of the kernel: bindings, `fold` and `store`.
+/// The generated part of the kernel: bindings, `run` and `store`.
 ///
-/// With `rotate` (the alignment of a part, in 16-byte blocks), one
-/// dispatch covers a whole all-reduce: the kernel cuts the bound length
-/// into n parts as `algo::part_words` does (in whole blocks, since
-/// ceil(ceil(w/4)/n) = ceil(w/(4n)))
-/// and folds part c from input c+1 round to input c. Without it, the
-/// inputs are folded in binding order. A dispatch costs tens of
-/// microseconds on lavapipe, so one instead of n matters for small sizes.
-fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64) -> String {
+/// Rotating ([`Order::Parts`], [`Order::Chunks`]), one dispatch covers a
+/// whole collective, a workgroup row per part: for an all-reduce the
+/// kernel cuts the bound length into n parts as `algo::part_words` does
+/// (in whole blocks, since ceil(ceil(w/4)/n) = ceil(w/(4n))), for a
+/// reduce-scatter each chunk is an output's length; part c is folded from
+/// input c+1 round to input c. A dispatch costs tens of microseconds on
+/// lavapipe, so one instead of n matters for small sizes.
+fn generated(inputs: usize, outputs: usize, order: Order, unit_bytes: u64) -> String {
     let mut s = String::new();
     let binding = |s: &mut String, at: usize, name: &str| {
         let _ = writeln!(
@@ -89,8 +102,33 @@ fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64
             "step"
         }
     };
-    match rotate {
-        None => {
+    // The input at fold position k of row c: (c + k) mod n, by selects.
+    // Every invocation loads all n inputs unconditionally (it needs each
+    // once anyway): choosing the binding at run time instead (a switch)
+    // moved bytes a third slower on lavapipe.
+    let rotated = |s: &mut String| {
+        for k in 0..inputs {
+            let _ = writeln!(s, "    let v{k} = a{k}[i];");
+        }
+        let pick = |k: usize| {
+            let mut e = "v0".to_string();
+            for j in 1..inputs {
+                e = format!("select({e}, v{j}, (c + {k}u) % {inputs}u == {j}u)");
+            }
+            e
+        };
+        let _ = writeln!(s, "    var acc = {};", pick(1));
+        for k in 2..=inputs {
+            let _ = writeln!(
+                s,
+                "    acc = {}(acc, {});",
+                step(k.saturating_sub(1)),
+                pick(k)
+            );
+        }
+    };
+    match order {
+        Order::Bound => {
             s.push_str("fn fold(i: u32) -> U {\n    var acc = a0[i];\n");
             for k in 1..inputs {
                 let _ = writeln!(s, "    acc = {}(acc, a{k}[i]);", step(k));
@@ -102,13 +140,9 @@ fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64
                  \x20   if i < arrayLength(&o0) {\n        store(i, fold(i));\n    }\n}\n",
             );
         }
-        Some(align) => {
+        Order::Parts { align } => {
             // In 16-byte blocks (a unit is a block, or half of one for the
             // 16-bit types): the bound window is the tensor's whole blocks.
-            // Workgroup row y is part y. Every invocation loads all n
-            // inputs unconditionally (it needs each once anyway) and picks
-            // the fold order with selects: choosing the binding at run time
-            // instead (a switch) moved bytes a third slower on lavapipe.
             let upb = 16u64.checked_div(unit_bytes).unwrap_or(1);
             let _ = writeln!(
                 s,
@@ -120,27 +154,23 @@ fn generated(inputs: usize, outputs: usize, rotate: Option<u32>, unit_bytes: u64
                 m = inputs.saturating_sub(1),
                 a = align.saturating_sub(1),
             );
-            for k in 0..inputs {
-                let _ = writeln!(s, "    let v{k} = a{k}[i];");
-            }
-            // The input at fold position k: (c + k) mod n, by selects.
-            let pick = |k: usize| {
-                let mut e = "v0".to_string();
-                for j in 1..inputs {
-                    e = format!("select({e}, v{j}, (c + {k}u) % {inputs}u == {j}u)");
-                }
-                e
-            };
-            let _ = writeln!(s, "    var acc = {};", pick(1));
-            for k in 2..=inputs {
-                let _ = writeln!(
-                    s,
-                    "    acc = {}(acc, {});",
-                    step(k.saturating_sub(1)),
-                    pick(k)
-                );
-            }
+            rotated(&mut s);
             s.push_str("    store(i, acc);\n}\n");
+        }
+        Order::Chunks => {
+            // Output c is chunk c: its length is the chunk's.
+            s.push_str(
+                "fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {\n    \
+                 let q = arrayLength(&o0);\n    \
+                 let c = wid.y;\n    let i = c * q + gid.x;\n    \
+                 if gid.x >= q {\n        return;\n    }\n",
+            );
+            rotated(&mut s);
+            s.push_str("    switch c {\n");
+            for j in 0..outputs {
+                let _ = writeln!(s, "        case {j}u: {{ o{j}[gid.x] = acc; }}");
+            }
+            s.push_str("        default: {}\n    }\n}\n");
         }
     }
     s.push_str("fn store(i: u32, v: U) {\n");
@@ -167,7 +197,7 @@ impl DirectKernels {
         let Fold {
             inputs,
             outputs,
-            rotate,
+            order,
         } = fold;
         if let Some(r) = lock(&self.pipelines).get(&key) {
             return Ok(r.clone());
@@ -184,7 +214,7 @@ impl DirectKernels {
         let source = format!(
             "{}\n{}\n{}",
             crate::device::kernels::prelude(dtype),
-            generated(inputs, outputs, rotate, dtype.unit_bytes()),
+            generated(inputs, outputs, order, dtype.unit_bytes()),
             TEMPLATE
         );
         let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..inputs.saturating_add(outputs))
