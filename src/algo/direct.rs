@@ -27,6 +27,14 @@ use crate::error::Result;
 use crate::op::ReduceOp;
 use crate::runtime::profile::Timestamps;
 
+/// The largest reduce-scatter input that takes one dispatch. Its kernel
+/// picks each row's output with a `switch`, which on lavapipe moved 16 and
+/// 64 MiB 5-10% slower than a dispatch per chunk (10.9-11.7 against
+/// 10.0-10.5 ms, 43-45 against 38-41 ms, 4 ranks), while at 1 and 4 MiB
+/// the saved dispatches win (0.74-1.14 against 1.15-1.24 ms, 2.3-2.5
+/// against 2.5-2.8 ms).
+const SCATTER_IN_ONE_MAX: u64 = 8 << 20;
+
 /// One collective's device steps for the whole group, recorded into one
 /// encoder.
 pub(crate) struct Steps<'a> {
@@ -175,7 +183,7 @@ impl Steps<'_> {
         let n = self.n;
         let whole = chunk * n as u64;
         let max = self.dev.limits.max_storage_buffer_binding_size;
-        if fits(self.dev, n, n) && whole <= max && chunk > 0 {
+        if fits(self.dev, n, n) && whole <= max.min(SCATTER_IN_ONE_MAX) && chunk > 0 {
             // One dispatch: workgroup row c folds chunk c into output c.
             let r = self.reducer(dtype, op, n, n, Order::Chunks)?;
             let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
