@@ -282,3 +282,36 @@ fn ranks_that_share_a_device_must_not_share_the_bytes_a_collective_writes() {
         assert_eq!(s.expect("all_reduce"), vec![2.0; 64], "rank {rank}");
     }
 }
+
+#[test]
+fn one_device_given_for_every_rank_can_still_model_separate_gpus() {
+    // One owner for the one device, but the host schedules carry the bytes.
+    let n = 3;
+    let w = World::from_devices(
+        one_user_device(n),
+        WorldConfig::new(n).with_placement(Placement::DevicePerRank),
+    )
+    .expect("world");
+    assert_eq!(w.placement(), Placement::DevicePerRank);
+    let got = w
+        .run(|c| -> Result<Vec<f32>, Error> {
+            let x = c.tensor(&values::<f32>(c.rank(), 1001, 11))?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+        })
+        .expect("run");
+    let shared = World::from_devices(one_user_device(n), WorldConfig::new(n))
+        .expect("world")
+        .run(|c| -> Result<Vec<f32>, Error> {
+            let x = c.tensor(&values::<f32>(c.rank(), 1001, 11))?;
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+        })
+        .expect("run");
+    for (rank, (a, b)) in got.into_iter().zip(shared).enumerate() {
+        let (a, b) = (a.expect("per-rank"), b.expect("shared"));
+        let at = a
+            .iter()
+            .zip(&b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert!(at.is_none(), "rank {rank}: differs at element {at:?}");
+    }
+}
