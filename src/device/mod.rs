@@ -175,7 +175,7 @@ impl RankDevice {
         let unified =
             host_memory(&info) && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
-        let owner = Owner::start(&device, &queue, format!("device-{rank}"))
+        let owner = Owner::start(&device, &queue, format!("device-{rank}"), timeout)
             .map_err(|e| Error::device(rank, None, format!("starting the device owner: {e}")))?;
         if owned {
             let sink = owner.signal();

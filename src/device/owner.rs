@@ -50,6 +50,8 @@ struct State {
     /// validation error at submit).
     fault: Option<(String, bool)>,
     stop: bool,
+    /// The owner thread has returned and let go of its device handle.
+    exited: bool,
 }
 
 /// Shared between the owner thread, the device's users and wgpu callbacks.
@@ -98,6 +100,10 @@ pub(crate) struct Owner {
     /// follow queue order. Not the state lock: wgpu may run callbacks
     /// (which take the state lock) inside `submit`.
     submitting: Mutex<()>,
+    /// The owner thread, joined on drop once it has returned.
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// How long a drop waits for the owner thread to return.
+    patience: Duration,
 }
 
 impl Owner {
@@ -106,6 +112,7 @@ impl Owner {
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         name: String,
+        patience: Duration,
     ) -> std::io::Result<Owner> {
         let signal = Arc::new(Signal {
             state: Mutex::new(State::default()),
@@ -115,13 +122,18 @@ impl Owner {
             work: Condvar::new(),
         });
         let (s, d) = (signal.clone(), device.clone());
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(move || run(&d, &s))?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            run(&d, &s);
+            drop(d);
+            lock(&s.state).exited = true;
+            s.changed.notify_all();
+        })?;
         Ok(Owner {
             signal,
             queue: queue.clone(),
             submitting: Mutex::new(()),
+            thread: Some(thread),
+            patience,
         })
     }
 
@@ -225,9 +237,41 @@ impl Owner {
 }
 
 impl Drop for Owner {
+    /// Stops the owner thread and waits (at most the device timeout) for
+    /// it to finish its last poll and drop its device handle: a detached
+    /// owner still inside the driver when the process exits can race the
+    /// driver's own teardown (lavapipe aborted once with a double free).
     fn drop(&mut self) {
-        lock(&self.signal.state).stop = true;
+        let deadline = crate::deadline::after(self.patience);
+        let mut s = lock(&self.signal.state);
+        s.stop = true;
         self.signal.work.notify_all();
+        // A completion callback may hold the last handle, and run on the
+        // owner thread itself: it returns once this drop does.
+        let on_owner = self
+            .thread
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id());
+        if on_owner {
+            return;
+        }
+        while !s.exited {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                // Still polling a device that never finishes: leave it.
+                return;
+            }
+            s = self
+                .signal
+                .changed
+                .wait_timeout(s, deadline.saturating_duration_since(now))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        drop(s);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
