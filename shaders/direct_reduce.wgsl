@@ -4,8 +4,9 @@
 // can bind each other's buffers, so no byte crosses the host and every
 // input is read once.
 //
-// kernels.rs prepends the dtype prelude (shaders/dtype_*.wgsl: U, V, lift,
-// lower, divide) and, for n inputs and m outputs, the generated part:
+// direct.rs prepends the dtype prelude (shaders/dtype_*.wgsl: U, V, lift,
+// lower, divide), the fold step (shaders/fold.wgsl: step, last) and, for
+// n inputs and m outputs, the generated part:
 //   bindings a0..a{n-1} (the inputs, in fold order) and o0..o{m-1};
 //   fn run(gid, groups, wid) the unit this invocation folds, and its fold:
 //       a0, step(_, a1), ..., last(_, a{n-1}); or, rotating, part c (row
@@ -22,41 +23,6 @@
 //
 // One unit per invocation, no grid-stride loop: on lavapipe this shape ran
 // 5-10x faster than a loop over few workgroups.
-
-// 0 sum, 1 prod, 2 min, 3 max, 4 bitand, 5 bitor, 6 bitxor.
-override OP: u32;
-// When non-zero, the last step divides by it (Avg).
-override DIVISOR: u32 = 0u;
-
-fn combine(a: V, b: V) -> V {
-    if OP == 0u {
-        return a + b;
-    } else if OP == 1u {
-        return a * b;
-    } else if OP == 2u {
-        return min(a, b);
-    }
-    return max(a, b);
-}
-
-fn step(a: U, b: U) -> U {
-    if OP == 4u {
-        return a & b;
-    } else if OP == 5u {
-        return a | b;
-    } else if OP == 6u {
-        return a ^ b;
-    }
-    return lower(combine(lift(a), lift(b)));
-}
-
-fn last(a: U, b: U) -> U {
-    let v = step(a, b);
-    if DIVISOR != 0u && OP < 4u {
-        return lower(divide(lift(v), DIVISOR));
-    }
-    return v;
-}
 
 // `run` (generated) finds this invocation's unit: in a dispatch of rows
 // of workgroups, or, rotating, in row y = part y.

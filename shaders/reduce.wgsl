@@ -1,4 +1,6 @@
-// Element-wise reduction of one slice: dst[i] = finish(op(dst[i], src[i])).
+// Element-wise reduction of one slice: dst[i] = last(dst[i], src[i]), the
+// fold step of shaders/fold.wgsl (prepended by kernels.rs, after the dtype
+// prelude).
 //
 // A dtype prelude (shaders/dtype_*.wgsl, prepended by kernels.rs) defines
 // the storage unit U (the words one invocation handles: vec4<u32>, or
@@ -11,42 +13,8 @@
 // Both buffers are bound as windows of exactly the slice, so the slice
 // length is arrayLength(&dst) and no parameter buffer is needed.
 
-// 0 sum, 1 prod, 2 min, 3 max, 4 bitand, 5 bitor, 6 bitxor.
-override OP: u32;
-// When non-zero, the result is divided by it (the last step of Avg).
-override DIVISOR: u32 = 0u;
-
 @group(0) @binding(0) var<storage, read_write> dst: array<U>;
 @group(0) @binding(1) var<storage, read> src: array<U>;
-
-fn combine(a: V, b: V) -> V {
-    if OP == 0u {
-        return a + b;
-    } else if OP == 1u {
-        return a * b;
-    } else if OP == 2u {
-        return min(a, b);
-    }
-    return max(a, b);
-}
-
-fn reduce_unit(a: U, b: U) -> U {
-    // Bitwise operators act on the raw words: identical for i32 and u32.
-    if OP == 4u {
-        return a & b;
-    } else if OP == 5u {
-        return a | b;
-    } else if OP == 6u {
-        return a ^ b;
-    }
-    let v = lower(combine(lift(a), lift(b)));
-    if DIVISOR != 0u {
-        // Round to the storage type first, then divide: the value a sum
-        // followed by a separate division gives.
-        return lower(divide(lift(v), DIVISOR));
-    }
-    return v;
-}
 
 // A grid-stride loop: any number of workgroups covers the slice. GPUs get
 // one unit per invocation (occupancy hides memory latency); CPU adapters
@@ -60,6 +28,6 @@ fn main(
     let stride = groups.x * 256u;
     let n = arrayLength(&dst);
     for (var i = gid.x; i < n; i += stride) {
-        dst[i] = reduce_unit(dst[i], src[i]);
+        dst[i] = last(dst[i], src[i]);
     }
 }

@@ -17,14 +17,7 @@ const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 /// `n` devices made the way a framework makes them: default features and
 /// limits, on the adapter `WGPU_ADAPTER_NAME` names (else the first).
 fn user_devices(n: usize) -> Vec<(wgpu::Device, wgpu::Queue)> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
-        let name = name.to_lowercase();
-        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
-    }
-    let adapter = adapters.first().expect("an adapter (is one installed?)");
+    let adapter = common::user_adapter();
     (0..n)
         .map(|_| {
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))

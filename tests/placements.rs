@@ -181,18 +181,10 @@ fn one_user_device(
     wgpu_collectives::wgpu::Device,
     wgpu_collectives::wgpu::Queue,
 )> {
-    use wgpu_collectives::wgpu;
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
-        let name = name.to_lowercase();
-        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
-    }
-    let adapter = adapters.first().expect("an adapter (is one installed?)");
-    let (device, queue) =
-        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
-            .expect("a device with default features and limits");
+    let (device, queue) = pollster::block_on(
+        user_adapter().request_device(&wgpu_collectives::wgpu::DeviceDescriptor::default()),
+    )
+    .expect("a device with default features and limits");
     (0..n).map(|_| (device.clone(), queue.clone())).collect()
 }
 

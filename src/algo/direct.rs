@@ -112,6 +112,22 @@ impl Steps<'_> {
         Ok(())
     }
 
+    /// One rotating dispatch over whole buffers (`bytes` of each input, of
+    /// each output): a workgroup row per rank, `row_units` units each.
+    fn rows(
+        &mut self,
+        r: &DirectReducer,
+        (ins, in_bytes): (&[&wgpu::Buffer], u64),
+        (outs, out_bytes): (&[&wgpu::Buffer], u64),
+        row_units: u64,
+    ) -> Result<()> {
+        let mut windows: Vec<Window> = Vec::with_capacity(ins.len() + outs.len());
+        windows.extend(ins.iter().map(|b| ((*b).clone(), 0, in_bytes)));
+        windows.extend(outs.iter().map(|b| ((*b).clone(), 0, out_bytes)));
+        let stamps = self.stamp();
+        r.encode_parts(self.dev, &mut self.enc, &windows, self.n, row_units, stamps)
+    }
+
     /// Whether this adapter can bind what [`Steps::all_reduce`] needs.
     pub(crate) fn can_reduce(dev: &RankDevice, n: usize) -> bool {
         fits(dev, n, 1)
@@ -135,12 +151,8 @@ impl Steps<'_> {
             // One dispatch: the kernel cuts the parts and rotates each itself.
             let align = (super::PART_ALIGN_BYTES / 16) as u32;
             let r = self.reducer(dtype, op, n, n, Order::Parts { align })?;
-            let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
-            windows.extend(xs.iter().map(|b| ((*b).clone(), 0, bytes)));
-            windows.extend(outs.iter().map(|b| ((*b).clone(), 0, bytes)));
             let part_units = q as u64 * 4 / dtype.unit_bytes();
-            let stamps = self.stamp();
-            return r.encode_parts(self.dev, &mut self.enc, &windows, n, part_units, stamps);
+            return self.rows(&r, (xs, bytes), (outs, bytes), part_units);
         }
         let r = self.reducer(dtype, op, n, if every { n } else { 1 }, Order::Bound)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);
@@ -186,12 +198,7 @@ impl Steps<'_> {
         if fits(self.dev, n, n) && whole <= max.min(SCATTER_IN_ONE_MAX) && chunk > 0 {
             // One dispatch: workgroup row c folds chunk c into output c.
             let r = self.reducer(dtype, op, n, n, Order::Chunks)?;
-            let mut windows: Vec<Window> = Vec::with_capacity(2 * n);
-            windows.extend(xs.iter().map(|b| ((*b).clone(), 0, whole)));
-            windows.extend(outs.iter().map(|b| ((*b).clone(), 0, chunk)));
-            let units = chunk / dtype.unit_bytes();
-            let stamps = self.stamp();
-            return r.encode_parts(self.dev, &mut self.enc, &windows, n, units, stamps);
+            return self.rows(&r, (xs, whole), (outs, chunk), chunk / dtype.unit_bytes());
         }
         let r = self.reducer(dtype, op, n, 1, Order::Bound)?;
         let mut order: Vec<&wgpu::Buffer> = Vec::with_capacity(n);

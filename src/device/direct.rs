@@ -212,8 +212,9 @@ impl DirectKernels {
             ));
         }
         let source = format!(
-            "{}\n{}\n{}",
+            "{}\n{}\n{}\n{}",
             crate::device::kernels::prelude(dtype),
+            crate::device::kernels::FOLD,
             generated(inputs, outputs, order, dtype.unit_bytes()),
             TEMPLATE
         );

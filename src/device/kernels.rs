@@ -16,6 +16,8 @@ use crate::error::Result;
 use crate::op::ReduceOp;
 
 const REDUCE: &str = include_str!("../../shaders/reduce.wgsl");
+/// The fold step both reduction kernels share (`shaders/fold.wgsl`).
+pub(crate) const FOLD: &str = include_str!("../../shaders/fold.wgsl");
 const PATCH_HALF: &str = include_str!("../../shaders/patch_half.wgsl");
 /// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
 const WORKGROUP: u64 = 256;
@@ -37,7 +39,7 @@ pub(crate) fn prelude(dtype: DType) -> &'static str {
 /// units (8 bytes for 16-bit types); dispatch [`reduction_workgroups`]
 /// workgroups. For benchmarks and tooling.
 pub fn reduction_wgsl(dtype: DType) -> String {
-    format!("{}\n{}", prelude(dtype), REDUCE)
+    format!("{}\n{FOLD}\n{REDUCE}", prelude(dtype))
 }
 
 /// Units each invocation of the reduction kernel handles on a CPU adapter.

@@ -66,16 +66,10 @@ impl<A, O> Meeting<A, O> {
     ) -> Result<O> {
         let all = {
             let mut t = lock(&self.table);
-            let n = t.arrived.len();
             if let Some(slot) = t.arrived.get_mut(rank) {
                 *slot = Some((round, Some(arrival)));
             }
-            let here = t
-                .arrived
-                .iter()
-                .filter(|a| a.as_ref().is_some_and(|(r, _)| *r == round))
-                .count();
-            if here == n {
+            if absent(&t, round).next().is_none() {
                 let all: Vec<A> = t
                     .arrived
                     .iter_mut()
@@ -110,13 +104,7 @@ impl<A, O> Meeting<A, O> {
         let waited = patience.until(
             || {
                 let t = lock(&self.table);
-                let absent: Vec<String> = t
-                    .arrived
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.as_ref().is_none_or(|(r, _)| *r != round))
-                    .map(|(i, _)| i.to_string())
-                    .collect();
+                let absent: Vec<String> = absent(&t, round).map(|i| i.to_string()).collect();
                 format!("ranks {} to join on the shared device", absent.join(", "))
             },
             |tick| {
@@ -132,13 +120,7 @@ impl<A, O> Meeting<A, O> {
                 if let Some(o) = take_outcome(&mut t, rank, round) {
                     return Ok(Some(o));
                 }
-                let absent: Vec<usize> = t
-                    .arrived
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.as_ref().is_none_or(|(r, _)| *r != round))
-                    .map(|(i, _)| i)
-                    .collect();
+                let absent: Vec<usize> = absent(&t, round).collect();
                 drop(t);
                 missing(&absent).map(|()| None)
             },
@@ -180,6 +162,15 @@ impl<A, O> Watch for ReadyFirst<'_, A, O> {
     fn timed_out(&self, what: String, after: std::time::Duration) -> crate::error::Error {
         self.inner.timed_out(what, after)
     }
+}
+
+/// The ranks whose latest arrival is not for `round`.
+fn absent<A, O>(t: &Table<A, O>, round: u64) -> impl Iterator<Item = usize> + '_ {
+    t.arrived
+        .iter()
+        .enumerate()
+        .filter(move |(_, a)| a.as_ref().is_none_or(|(r, _)| *r != round))
+        .map(|(i, _)| i)
 }
 
 fn take_outcome<A, O>(t: &mut Table<A, O>, rank: usize, round: u64) -> Option<O> {

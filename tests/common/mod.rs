@@ -15,6 +15,23 @@ pub fn world(n: usize) -> World {
     }
 }
 
+/// The adapter a framework would pick: the one `WGPU_ADAPTER_NAME` names
+/// (else the first); fails the test when there is none.
+pub fn user_adapter() -> wgpu_collectives::wgpu::Adapter {
+    use wgpu_collectives::wgpu;
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
+        let name = name.to_lowercase();
+        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+    }
+    adapters
+        .into_iter()
+        .next()
+        .expect("an adapter (is one installed?)")
+}
+
 /// Deterministic pseudo-random bits for (rank, index, salt).
 pub fn bits(rank: usize, i: usize, salt: u64) -> u32 {
     let mut z = ((rank as u64) << 40) ^ (i as u64) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
