@@ -84,6 +84,7 @@ pub struct ReadmeDoctests;
 pub use wgpu;
 
 pub use api::comm::Communicator;
+pub use api::group::Group;
 pub use api::placement::Placement;
 pub use api::tensor::{DType, Element, Tensor};
 pub use api::work::Work;

@@ -7,16 +7,8 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::{Prims, Span};
+use crate::algo::prims::{Prims, slices};
 use crate::error::Result;
-
-/// The slices of `words` words, `step` words each (the last may be shorter).
-fn slices(step: usize, words: usize) -> impl Iterator<Item = Span> {
-    (0..words).step_by(step.max(1)).map(move |off| Span {
-        off,
-        words: step.min(words - off),
-    })
-}
 
 /// Broadcasts the first `words` words of the root's working buffer into
 /// every rank's.

@@ -5,14 +5,17 @@
 //! each algorithm file is only the order in which a rank calls them:
 //! `ring` for all-reduce, all-gather, reduce-scatter and barrier, `oneshot`
 //! for small all-reduces, `chain`
-//! for the rooted broadcast and reduce, `pairwise` for all-to-all.
+//! for the rooted broadcast and reduce, `pairwise` for all-to-all, `star`
+//! for gather and scatter, `p2p` for send and receive.
 
 pub(crate) mod chain;
 pub(crate) mod direct;
 pub(crate) mod oneshot;
+pub(crate) mod p2p;
 pub(crate) mod pairwise;
 pub(crate) mod prims;
 pub(crate) mod ring;
+pub(crate) mod star;
 
 /// Bytes every part of an all-reduce starts on a multiple of: 256, the
 /// largest storage-binding offset alignment WebGPU lets an adapter ask

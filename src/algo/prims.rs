@@ -26,7 +26,7 @@ use crate::runtime::health::Waiter;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
-use crate::transport::{Body, Loan, Stager};
+use crate::transport::{Body, Lane, Loan, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,14 @@ impl Span {
     }
 }
 
+/// The spans of `words` words, `step` words each (the last may be shorter).
+pub(crate) fn slices(step: usize, words: usize) -> impl Iterator<Item = Span> {
+    (0..words).step_by(step.max(1)).map(move |off| Span {
+        off,
+        words: step.min(words - off),
+    })
+}
+
 /// Largest slice moved in one step. Big enough that per-step overheads (a
 /// submission, a fence wait, a map) are small next to the copy, small
 /// enough that the ring pipelines on tensors of a few MiB.
@@ -53,6 +61,9 @@ const SLICE_BYTES: u64 = 1 << 20;
 pub(crate) struct Prims<'a> {
     pub w: Waiter<'a>,
     pub link: &'a Link,
+    /// The lane its packets travel on: the collectives', or the
+    /// point-to-point one.
+    pub lane: Lane,
     pub stage: &'a mut Stager,
     /// The working buffer the ring steps read and write.
     pub buf: wgpu::Buffer,
@@ -140,7 +151,13 @@ impl<'a> Prims<'a> {
         if !self.lends() {
             let mut data = self.link.buffer();
             self.download(enc, span, &mut data)?;
-            return hop::post(self.link, next, self.packet(Body::Bytes(data)), &self.w);
+            return hop::post(
+                self.link,
+                next,
+                self.lane,
+                self.packet(Body::Bytes(data)),
+                &self.w,
+            );
         }
         let t = Instant::now();
         let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
@@ -150,7 +167,13 @@ impl<'a> Prims<'a> {
         let loan: Loan = self.stage.finish_lend(bytes, idx, &self.w.patience())?;
         self.last = Some(idx);
         self.took_move(t);
-        hop::post(self.link, next, self.packet(Body::Loan(loan)), &self.w)
+        hop::post(
+            self.link,
+            next,
+            self.lane,
+            self.packet(Body::Loan(loan)),
+            &self.w,
+        )
     }
 
     /// Copies `bytes` from `src[src_off..]` to `dst[dst_off..]` on the
@@ -211,7 +234,7 @@ impl<'a> Prims<'a> {
     /// Receives a packet from `peer`, timing the wait.
     fn take_packet(&self, peer: usize, bytes: usize) -> Result<Packet> {
         let t = Instant::now();
-        let p = hop::take(self.link, peer, bytes, &self.w);
+        let p = hop::take(self.link, peer, self.lane, bytes, &self.w);
         self.took_wait(t);
         p
     }
@@ -247,6 +270,28 @@ impl<'a> Prims<'a> {
                 self.absorb(enc, span, &view, reducer)
             }
             Body::Bytes(data) => self.absorb(enc, span, data, reducer),
+            Body::Resident(r) => {
+                let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
+                match reducer {
+                    None => {
+                        enc.copy_buffer_to_buffer(&r.buffer, 0, &buf, span.offset(), bytes);
+                        Ok(())
+                    }
+                    Some(red) => {
+                        let stamps = self.stamp()?;
+                        red.encode(
+                            self.w.dev,
+                            enc,
+                            &buf,
+                            span.offset(),
+                            &r.buffer,
+                            0,
+                            bytes,
+                            stamps,
+                        )
+                    }
+                }
+            }
         }
     }
 
@@ -353,7 +398,7 @@ impl<'a> Prims<'a> {
         if let Some(mut p) = self.recv_store(span)? {
             p.from = self.w.rank;
             let next = self.next();
-            hop::post(self.link, next, p, &self.w)?;
+            hop::post(self.link, next, self.lane, p, &self.w)?;
         }
         Ok(())
     }
@@ -363,6 +408,21 @@ impl<'a> Prims<'a> {
         if let Some(p) = self.recv_store(span)? {
             hop::recycle(self.link, p);
         }
+        Ok(())
+    }
+
+    /// Receives `span` from `peer` and stores it (no wait). Unlike the ring
+    /// steps, an empty span still takes its packet: a point-to-point call
+    /// always carries one, so that a peer sending another length is caught.
+    pub(crate) fn recv_from(&mut self, peer: usize, span: Span) -> Result<()> {
+        self.step("recv", span);
+        let p = self.take_packet(peer, span.bytes())?;
+        if span.words > 0 {
+            let mut enc = self.w.dev.encoder();
+            self.absorb_packet(&mut enc, span, &p, None)?;
+            self.last = Some(self.submit(enc)?);
+        }
+        hop::recycle(self.link, p);
         Ok(())
     }
 
@@ -439,6 +499,7 @@ impl<'a> Prims<'a> {
         hop::post(
             self.link,
             self.next(),
+            self.lane,
             self.packet(Body::Bytes(data)),
             &self.w,
         )?;
@@ -449,8 +510,13 @@ impl<'a> Prims<'a> {
 
     /// Sends `data` to `peer` (point to point).
     pub(crate) fn post(&mut self, peer: usize, data: Vec<u8>) -> Result<()> {
-        let p = self.packet(Body::Bytes(data));
-        hop::post(self.link, peer, p, &self.w)
+        self.post_body(peer, Body::Bytes(data))
+    }
+
+    /// Sends `body` to `peer` (point to point).
+    pub(crate) fn post_body(&mut self, peer: usize, body: Body) -> Result<()> {
+        let p = self.packet(body);
+        hop::post(self.link, peer, self.lane, p, &self.w)
     }
 
     /// Receives `bytes` bytes from `peer` (point to point).
@@ -463,6 +529,9 @@ impl<'a> Prims<'a> {
                 data.extend_from_slice(&hop::read_loan(&loan, p.from, &self.w)?);
                 Ok(data)
             }
+            Body::Resident(_) => Err(self.w.device_error(format!(
+                "rank {peer} sent bytes on the device where host bytes were expected"
+            ))),
         }
     }
 

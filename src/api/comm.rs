@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crossbeam::channel::{Sender, unbounded};
 
+use crate::api::group::Group;
 use crate::api::tensor::{DType, Element, Tensor};
 use crate::api::work::{Work, WorkState};
 use crate::device::{RankDevice, lock};
@@ -26,17 +27,57 @@ use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::profile::{Counters, Profile};
-use crate::runtime::progress::{Inflight, Op, Output, Progress};
+use crate::runtime::progress::{Inflight, Item, Op, Output, Progress};
 use crate::runtime::shared;
 use crate::transport::Stager;
 
 struct Issuer {
+    /// The next collective's sequence number.
     seq: u64,
+    /// The next send's sequence number to each peer, and the next
+    /// receive's from each: each pair of ranks counts its own calls.
+    sends: Vec<u64>,
+    recvs: Vec<u64>,
     tx: Option<Sender<Op>>,
     /// The thread that issued the collectives now in flight (outside a run).
     owner: Option<ThreadId>,
     /// Which threads may issue, see [`Binding`].
     binding: Binding,
+}
+
+impl Issuer {
+    /// Numbers `calls` with the next sequence numbers.
+    fn number(&mut self, calls: Vec<Call>) -> Vec<Item> {
+        calls
+            .into_iter()
+            .map(|c| {
+                let counter = match &c.what {
+                    Collective::Send { peer, .. } => self.sends.get_mut(*peer),
+                    Collective::Recv { peer, .. } => self.recvs.get_mut(*peer),
+                    _ => Some(&mut self.seq),
+                };
+                // Peers were checked against the group's size when the call was made.
+                let seq = counter.map_or(0, |c| {
+                    let s = *c;
+                    *c = c.wrapping_add(1);
+                    s
+                });
+                Item {
+                    fp: c.what.fingerprint(seq),
+                    what: c.what,
+                    inputs: c.inputs,
+                    outputs: c.outputs,
+                }
+            })
+            .collect()
+    }
+
+    /// Starts every count again at 0 (a new run).
+    fn restart(&mut self) {
+        self.seq = 0;
+        self.sends.iter_mut().for_each(|s| *s = 0);
+        self.recvs.iter_mut().for_each(|s| *s = 0);
+    }
 }
 
 /// Who may issue on a communicator.
@@ -90,7 +131,7 @@ impl std::fmt::Debug for Communicator {
 }
 
 /// One call: what it is, and its tensors.
-struct Call {
+pub(crate) struct Call {
     what: Collective,
     inputs: Vec<Tensor>,
     outputs: Vec<Output>,
@@ -155,6 +196,8 @@ impl Communicator {
                 timeout,
                 issuer: Mutex::new(Issuer {
                     seq: 0,
+                    sends: vec![0; size],
+                    recvs: vec![0; size],
                     tx: Some(tx),
                     owner: None,
                     binding: Binding::Free,
@@ -402,9 +445,19 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.issue(self.all_reduce_into_call(x, out, op)?)
+    }
+
+    /// The call [`all_reduce_into`](Self::all_reduce_into) issues, checked.
+    pub(crate) fn all_reduce_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Call> {
         self.check_reduce(x, op)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::AllReduce {
                 dtype: x.dtype(),
                 len: x.len(),
@@ -432,9 +485,14 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<Work> {
+        self.issue(self.all_gather_into_call(x, out)?)
+    }
+
+    /// The call [`all_gather_into`](Self::all_gather_into) issues, checked.
+    pub(crate) fn all_gather_into_call(&self, x: &Tensor, out: &Tensor) -> Result<Call> {
         self.check_tensor(x)?;
         let out = self.given(x, out, self.gathered_len(x)?, false)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::AllGather {
                 dtype: x.dtype(),
                 len: x.len(),
@@ -461,10 +519,20 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.issue(self.reduce_scatter_into_call(x, out, op)?)
+    }
+
+    /// The call [`reduce_scatter_into`](Self::reduce_scatter_into) issues, checked.
+    pub(crate) fn reduce_scatter_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Call> {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
         let out = self.given(x, out, self.share(x), false)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::ReduceScatter {
                 dtype: x.dtype(),
                 len: x.len(),
@@ -492,10 +560,20 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
+        self.issue(self.broadcast_into_call(x, out, root)?)
+    }
+
+    /// The call [`broadcast_into`](Self::broadcast_into) issues, checked.
+    pub(crate) fn broadcast_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        root: usize,
+    ) -> Result<Call> {
         self.check_tensor(x)?;
         self.check_root(root)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::Broadcast {
                 dtype: x.dtype(),
                 len: x.len(),
@@ -523,10 +601,21 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
+        self.issue(self.reduce_into_call(x, out, op, root)?)
+    }
+
+    /// The call [`reduce_into`](Self::reduce_into) issues, checked.
+    pub(crate) fn reduce_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Call> {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
         let out = self.given(x, out, x.len(), true)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::Reduce {
                 dtype: x.dtype(),
                 len: x.len(),
@@ -562,9 +651,20 @@ impl Communicator {
         send_counts: Option<&[usize]>,
         recv_counts: Option<&[usize]>,
     ) -> Result<Work> {
+        self.issue(self.all_to_all_into_call(x, out, send_counts, recv_counts)?)
+    }
+
+    /// The call [`all_to_all_into`](Self::all_to_all_into) issues, checked.
+    pub(crate) fn all_to_all_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<Call> {
         let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
         let out = self.given(x, out, len, false)?;
-        self.issue(Call::one(
+        Ok(Call::one(
             Collective::AllToAll {
                 dtype: x.dtype(),
                 send,
@@ -573,6 +673,231 @@ impl Communicator {
             x,
             out,
         ))
+    }
+
+    /// Gathers every rank's `x` into the root's `out` (n x `x.len()`
+    /// elements, rank-major), as `MPI_Gather`. Off the root `out` is not
+    /// touched (it may be empty); `wait()` returns it everywhere.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32 + 1; 2])?;
+    ///     let out = c.zeros(DType::I32, if c.rank() == 1 { 4 } else { 0 })?;
+    ///     c.gather_into(&x, &out, 1)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![1, 1, 2, 2]);
+    /// # Ok(()) }
+    /// ```
+    pub fn gather_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
+        self.issue(self.gather_into_call(x, out, root)?)
+    }
+
+    /// The call [`gather_into`](Self::gather_into) issues, checked.
+    pub(crate) fn gather_into_call(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Call> {
+        self.check_tensor(x)?;
+        self.check_root(root)?;
+        let out = if self.rank() == root {
+            self.given(x, out, self.gathered_len(x)?, false)?
+        } else {
+            self.check_tensor(out)?;
+            Output::Given(out.clone())
+        };
+        Ok(Call::one(
+            Collective::Gather {
+                dtype: x.dtype(),
+                len: x.len(),
+                root,
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// Scatters the root's `x` (n x `out.len()` elements): rank r's `out`
+    /// gets slice r, as `MPI_Scatter`. Off the root `x` is not read (it
+    /// may be empty).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = if c.rank() == 0 { c.tensor(&[1, 2, 3, 4])? } else { c.zeros(DType::I32, 0)? };
+    ///     let out = c.zeros(DType::I32, 2)?;
+    ///     c.scatter_into(&x, &out, 0)?.wait()?;
+    ///     out.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![3, 4]);
+    /// # Ok(()) }
+    /// ```
+    pub fn scatter_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
+        self.issue(self.scatter_into_call(x, out, root)?)
+    }
+
+    /// The call [`scatter_into`](Self::scatter_into) issues, checked.
+    pub(crate) fn scatter_into_call(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Call> {
+        self.check_tensor(x)?;
+        self.check_tensor(out)?;
+        self.check_root(root)?;
+        if self.rank() == root {
+            let want = self.gathered_len(out)?;
+            let why = if x.dtype() != out.dtype() {
+                Some(format!(
+                    "the input is a {} tensor, the output a {} one",
+                    x.dtype(),
+                    out.dtype()
+                ))
+            } else if x.len() != want {
+                Some(format!(
+                    "the root's input has {} elements, {want} expected ({} ranks x {})",
+                    x.len(),
+                    self.size(),
+                    out.len()
+                ))
+            } else if x.overlaps(out) {
+                Some("the output overlaps the input".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::invalid(self.rank(), why));
+            }
+        }
+        Ok(Call::one(
+            Collective::Scatter {
+                dtype: out.dtype(),
+                len: out.len(),
+                root,
+            },
+            x,
+            Output::Given(out.clone()),
+        ))
+    }
+
+    /// Sends `x` to rank `peer`, which receives it with
+    /// [`recv`](Self::recv): the k-th send from this rank to `peer` pairs
+    /// with `peer`'s k-th receive from this rank (each pair counts its own
+    /// calls; collectives keep theirs). A receive of another dtype or length
+    /// fails both sides with [`Error::Mismatch`]. The send does not wait for
+    /// the receive: its `Work` completes once `x` has been read, and
+    /// `wait()` gives an empty tensor. Like collectives, sends and receives
+    /// run in this rank's issue order; use [`group`](Self::group) to launch
+    /// several without ordering them.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let out = c.zeros(DType::F32, 3)?;
+    ///     if c.rank() == 0 {
+    ///         c.send(&c.tensor(&[1.0f32, 2.0, 3.0])?, 1)?.wait()?;
+    ///     } else {
+    ///         c.recv(&out, 0)?.wait()?;
+    ///     }
+    ///     out.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[1].clone()?, vec![1.0, 2.0, 3.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn send(&self, x: &Tensor, peer: usize) -> Result<Work> {
+        self.issue(self.send_call(x, peer)?)
+    }
+
+    /// The call [`send`](Self::send) issues, checked.
+    pub(crate) fn send_call(&self, x: &Tensor, peer: usize) -> Result<Call> {
+        self.check_tensor(x)?;
+        self.check_peer(peer)?;
+        let empty = self.output(x.dtype(), 0)?;
+        Ok(Call::one(
+            Collective::Send {
+                dtype: x.dtype(),
+                len: x.len(),
+                peer,
+            },
+            x,
+            empty,
+        ))
+    }
+
+    /// Receives into `out` what rank `peer` sends with
+    /// [`send`](Self::send) (see there for the pairing); `wait()` returns
+    /// `out`.
+    pub fn recv(&self, out: &Tensor, peer: usize) -> Result<Work> {
+        self.issue(self.recv_call(out, peer)?)
+    }
+
+    /// The call [`recv`](Self::recv) issues, checked.
+    pub(crate) fn recv_call(&self, out: &Tensor, peer: usize) -> Result<Call> {
+        self.check_tensor(out)?;
+        self.check_peer(peer)?;
+        Ok(Call {
+            what: Collective::Recv {
+                dtype: out.dtype(),
+                len: out.len(),
+                peer,
+            },
+            inputs: Vec::new(),
+            outputs: vec![Output::Given(out.clone())],
+        })
+    }
+
+    /// Launches every call `calls` makes on its [`Group`] together, as
+    /// `ncclGroupStart`/`ncclGroupEnd` (or torch's `batch_isend_irecv`)
+    /// do: sends, receives and the `*_into` collectives, in any mix of
+    /// kinds and dtypes, under one `Work` whose `wait_all` gives every
+    /// call's outputs in call order (an empty tensor for a send). The
+    /// calls of a group must not depend on each other: on each rank its
+    /// sends go first, then its collectives in call order, then its
+    /// receives, so a ring of sends and receives in one group cannot
+    /// deadlock. Should `calls` fail, nothing is launched.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(3))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let (n, r) = (c.size(), c.rank());
+    ///     let x = c.tensor(&[r as i32; 2])?;
+    ///     let (from_prev, sum) = (c.zeros(DType::I32, 2)?, c.zeros(DType::I32, 2)?);
+    ///     c.group(|g| {
+    ///         g.send(&x, (r + 1) % n)?;
+    ///         g.recv(&from_prev, (r + n - 1) % n)?;
+    ///         g.all_reduce_into(&x, &sum, ReduceOp::Sum)
+    ///     })?
+    ///     .wait()?;
+    ///     Ok([from_prev.to_vec::<i32>()?, sum.to_vec::<i32>()?].concat())
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2, 2, 3, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub fn group<F>(&self, calls: F) -> Result<Work>
+    where
+        F: FnOnce(&Group<'_>) -> Result<()>,
+    {
+        let g = Group::new(self);
+        calls(&g)?;
+        self.issue_all(g.into_calls())
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.size() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!("peer {peer} is not a rank of a group of {}", self.size()),
+            ));
+        }
+        if peer == self.rank() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!("rank {peer} cannot send to or receive from itself"),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks an output the caller gives for input `x`: this rank's, of
@@ -1116,10 +1441,17 @@ impl Communicator {
     }
 
     fn issue(&self, call: Call) -> Result<Work> {
+        self.issue_all(vec![call])
+    }
+
+    /// Queues `calls` as one op (one call, or a group's): collectives take
+    /// the next sequence numbers of the group, sends and receives the next
+    /// of their pair's.
+    fn issue_all(&self, calls: Vec<Call>) -> Result<Work> {
         let inner = &self.inner;
         let state = WorkState::new();
         let mut issuer = lock(&inner.issuer);
-        let fp = call.what.fingerprint(issuer.seq);
+        let kind = calls.first().map_or("group", |c| c.what.kind().name());
         let me = std::thread::current().id();
         let busy = inner.inflight.get();
         match issuer.binding {
@@ -1131,8 +1463,7 @@ impl Communicator {
                         "{} issued from a thread other than rank {}'s during World::run: \
                          issue order pairs collectives across ranks, so in a run each \
                          communicator takes calls from its rank's thread only",
-                        fp.kind.name(),
-                        inner.rank
+                        kind, inner.rank
                     ),
                 ));
             }
@@ -1145,7 +1476,7 @@ impl Communicator {
                          pairs collectives across ranks, so a communicator takes calls from \
                          one thread at a time; the group is failed so that nothing pairs \
                          across the race",
-                        fp.kind.name()
+                        kind
                     ),
                 );
                 inner.health.fail(inner.rank, e.clone());
@@ -1156,33 +1487,49 @@ impl Communicator {
         if issuer.tx.is_none() {
             return Err(Error::Aborted {
                 rank: inner.rank,
-                seq: fp.seq,
+                seq: issuer.seq,
             });
         }
+        // An empty group's Work is named after the place it takes in the
+        // sequence; a group's after its first call.
+        let empty = Collective::Barrier.fingerprint(issuer.seq);
+        let items = issuer.number(calls);
+        let fp = items.first().map_or(empty, |it| it.fp);
         issuer.owner = Some(me);
         inner.inflight.add();
-        let shape = call.outputs.first().map_or((0, DType::F32), Output::shape);
-        let op = Op {
-            what: call.what,
-            fp,
-            inputs: call.inputs,
-            outputs: call.outputs,
-            state: state.clone(),
-        };
+        let shape = items
+            .iter()
+            .flat_map(|it| it.outputs.first())
+            .next()
+            .map_or((0, DType::F32), Output::shape);
         // Recorded before the progress thread can see the op, so that its
         // "in progress" is never overwritten by a late "enqueued".
-        inner.health.flight.record(inner.rank, fp, State::Enqueued);
-        if issuer.tx.as_ref().is_none_or(|tx| tx.send(op).is_err()) {
+        for it in &items {
+            inner
+                .health
+                .flight
+                .record(inner.rank, it.fp, State::Enqueued);
+            tracing::debug!(rank = inner.rank, seq = it.fp.seq, call = %it.fp, "issued");
+        }
+        let op = Op {
+            items,
+            state: state.clone(),
+        };
+        let sent = match issuer.tx.as_ref() {
+            Some(tx) => tx.send(op).map_err(|e| e.into_inner().items),
+            None => Err(op.items),
+        };
+        if let Err(items) = sent {
             inner.inflight.done();
-            inner.health.flight.record(inner.rank, fp, State::Failed);
+            for it in items {
+                inner.health.flight.record(inner.rank, it.fp, State::Failed);
+            }
             return Err(Error::device(
                 inner.rank,
                 Some(fp.seq),
                 "the progress thread has stopped",
             ));
         }
-        tracing::debug!(rank = inner.rank, seq = fp.seq, collective = %fp, "issued");
-        issuer.seq = issuer.seq.wrapping_add(1);
         Ok(Work::new(
             state,
             shape,
@@ -1260,7 +1607,7 @@ impl Communicator {
         if let Some(g) = &inner.group {
             g.clear();
         }
-        lock(&inner.issuer).seq = 0;
+        lock(&inner.issuer).restart();
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! handles collectives return.
 
 pub(crate) mod comm;
+pub(crate) mod group;
 pub(crate) mod placement;
 pub(crate) mod tensor;
 pub(crate) mod work;

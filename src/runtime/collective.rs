@@ -67,6 +67,30 @@ pub(crate) enum Collective {
         color: Option<u32>,
         key: usize,
     },
+    Gather {
+        dtype: DType,
+        /// Elements each rank contributes.
+        len: usize,
+        root: usize,
+    },
+    Scatter {
+        dtype: DType,
+        /// Elements each rank receives.
+        len: usize,
+        root: usize,
+    },
+    /// Point to point, paired by the (sender, receiver) pair's own
+    /// sequence numbers.
+    Send {
+        dtype: DType,
+        len: usize,
+        peer: usize,
+    },
+    Recv {
+        dtype: DType,
+        len: usize,
+        peer: usize,
+    },
 }
 
 impl Collective {
@@ -83,6 +107,10 @@ impl Collective {
             Collective::AllGatherCoalesced { .. } => Kind::AllGatherCoalesced,
             Collective::ReduceScatterCoalesced { .. } => Kind::ReduceScatterCoalesced,
             Collective::Split { .. } => Kind::Split,
+            Collective::Gather { .. } => Kind::Gather,
+            Collective::Scatter { .. } => Kind::Scatter,
+            Collective::Send { .. } => Kind::Send,
+            Collective::Recv { .. } => Kind::Recv,
         }
     }
 
@@ -97,7 +125,11 @@ impl Collective {
             | Collective::AllToAll { dtype, .. }
             | Collective::AllReduceCoalesced { dtype, .. }
             | Collective::AllGatherCoalesced { dtype, .. }
-            | Collective::ReduceScatterCoalesced { dtype, .. } => Some(*dtype),
+            | Collective::ReduceScatterCoalesced { dtype, .. }
+            | Collective::Gather { dtype, .. }
+            | Collective::Scatter { dtype, .. }
+            | Collective::Send { dtype, .. }
+            | Collective::Recv { dtype, .. } => Some(*dtype),
             Collective::Barrier | Collective::Split { .. } => None,
         }
     }
@@ -114,15 +146,36 @@ impl Collective {
         }
     }
 
-    /// What every rank's call must agree on, for the `seq`-th collective.
+    /// Whether `rank`'s call writes its outputs (a gather's output is
+    /// only written at the root).
+    pub(crate) fn writes_output(&self, rank: usize) -> bool {
+        match self {
+            Collective::Gather { root, .. } => rank == *root,
+            _ => true,
+        }
+    }
+
+    /// The peer of a point-to-point call.
+    pub(crate) fn peer(&self) -> Option<usize> {
+        match self {
+            Collective::Send { peer, .. } | Collective::Recv { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+
+    /// What every rank's call must agree on, for the `seq`-th collective
+    /// (the `seq`-th call between its pair, for a point-to-point call).
     pub(crate) fn fingerprint(&self, seq: u64) -> Fingerprint {
         let (len, root, shape) = match self {
             Collective::AllReduce { len, .. }
             | Collective::AllGather { len, .. }
-            | Collective::ReduceScatter { len, .. } => (Some(*len), None, 0),
-            Collective::Broadcast { len, root, .. } | Collective::Reduce { len, root, .. } => {
-                (Some(*len), Some(*root), 0)
-            }
+            | Collective::ReduceScatter { len, .. }
+            | Collective::Send { len, .. }
+            | Collective::Recv { len, .. } => (Some(*len), None, 0),
+            Collective::Broadcast { len, root, .. }
+            | Collective::Reduce { len, root, .. }
+            | Collective::Gather { len, root, .. }
+            | Collective::Scatter { len, root, .. } => (Some(*len), Some(*root), 0),
             Collective::AllReduceCoalesced { lens, .. }
             | Collective::AllGatherCoalesced { lens, .. }
             | Collective::ReduceScatterCoalesced { lens, .. } => (
@@ -142,6 +195,7 @@ impl Collective {
             op: self.op(),
             root,
             shape,
+            peer: self.peer(),
         }
     }
 }

@@ -23,6 +23,11 @@ pub(crate) enum Kind {
     AllGatherCoalesced,
     ReduceScatterCoalesced,
     Split,
+    Gather,
+    Scatter,
+    /// Point to point: its sequence number is the pair's, not the group's.
+    Send,
+    Recv,
 }
 
 impl Kind {
@@ -39,7 +44,17 @@ impl Kind {
             Kind::AllGatherCoalesced => "all_gather_coalesced",
             Kind::ReduceScatterCoalesced => "reduce_scatter_coalesced",
             Kind::Split => "split",
+            Kind::Gather => "gather",
+            Kind::Scatter => "scatter",
+            Kind::Send => "send",
+            Kind::Recv => "recv",
         }
+    }
+
+    /// Whether calls of this kind pair between two ranks (with the pair's
+    /// own sequence numbers) rather than across the group.
+    pub(crate) fn point_to_point(self) -> bool {
+        matches!(self, Kind::Send | Kind::Recv)
     }
 }
 
@@ -59,9 +74,37 @@ pub(crate) struct Fingerprint {
     pub root: Option<usize>,
     /// Hash of the tensor lengths of a coalesced call (0 otherwise).
     pub shape: u64,
+    /// A send's receiver, a receive's sender.
+    pub peer: Option<usize>,
 }
 
+/// What tells a call apart among a rank's calls: collectives by their
+/// sequence number, point-to-point calls by theirs within (kind, peer).
+pub(crate) type Key = (u64, Option<(Kind, usize)>);
+
 impl Fingerprint {
+    /// See [`Key`].
+    pub(crate) fn key(&self) -> Key {
+        let lane = match (self.kind.point_to_point(), self.peer) {
+            (true, Some(peer)) => Some((self.kind, peer)),
+            _ => None,
+        };
+        (self.seq, lane)
+    }
+
+    /// Whether a packet headed `theirs` belongs to this call: the same
+    /// collective, or for a receive, the send it pairs with (the same
+    /// pair sequence number, dtype and length, addressed to this rank).
+    pub(crate) fn pairs_with(&self, theirs: &Fingerprint) -> bool {
+        match self.kind {
+            Kind::Recv => {
+                theirs.kind == Kind::Send
+                    && (self.seq, self.dtype, self.len) == (theirs.seq, theirs.dtype, theirs.len)
+            }
+            _ => self == theirs,
+        }
+    }
+
     /// Bytes per rank, where every rank moves the same.
     pub(crate) fn bytes(&self) -> Option<usize> {
         self.len?.checked_mul(self.dtype?.size())
@@ -103,6 +146,12 @@ impl std::fmt::Display for Fingerprint {
         }
         if self.shape != 0 {
             write!(f, "{sep}shape {:016x}", self.shape)?;
+            sep = ", ";
+        }
+        match (self.kind, self.peer) {
+            (Kind::Send, Some(peer)) => write!(f, "{sep}to rank {peer}")?,
+            (Kind::Recv, Some(peer)) => write!(f, "{sep}from rank {peer}")?,
+            _ => {}
         }
         f.write_str(")")
     }

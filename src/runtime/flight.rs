@@ -74,6 +74,9 @@ pub struct FlightEntry {
     pub fingerprint: String,
     /// Bytes per rank, where every rank moves the same.
     pub bytes: Option<usize>,
+    /// A send's receiver or a receive's sender (its `seq` counts that
+    /// pair's calls, not the group's).
+    pub peer: Option<usize>,
     /// Its state when the record was read.
     pub state: FlightState,
     /// When it was issued.
@@ -97,7 +100,7 @@ pub struct FlightRecord {
 impl FlightRecord {
     /// The record as JSON: `{"ranks": [{"rank": r, "world_rank": w,
     /// "collectives": [{"seq", "collective", "fingerprint", "bytes",
-    /// "state", "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
+    /// "peer", "state", "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
     /// microseconds since the Unix epoch.
     pub fn to_json(&self) -> String {
         let micros = |t: SystemTime| {
@@ -117,6 +120,7 @@ impl FlightRecord {
                             "collective": e.collective,
                             "fingerprint": e.fingerprint,
                             "bytes": e.bytes,
+                            "peer": e.peer,
                             "state": e.state.name(),
                             "issued_at_us": micros(e.issued_at),
                             "changed_at_us": micros(e.changed_at),
@@ -144,6 +148,15 @@ impl FlightRecord {
             }
             for e in entries.iter().skip(entries.len().saturating_sub(per_rank)) {
                 let _ = write!(s, " [{} {}", e.seq, e.collective);
+                match (e.collective, e.peer) {
+                    ("send", Some(p)) => {
+                        let _ = write!(s, " to {p}");
+                    }
+                    (_, Some(p)) => {
+                        let _ = write!(s, " from {p}");
+                    }
+                    _ => {}
+                }
                 if let Some(bytes) = e.bytes {
                     let _ = write!(s, " {bytes} bytes");
                 }
@@ -189,7 +202,7 @@ impl Flight {
         };
         let mut ring = lock(ring);
         let (now, wall) = (Instant::now(), SystemTime::now());
-        if let Some(e) = ring.iter_mut().rev().find(|e| e.fp.seq == fp.seq) {
+        if let Some(e) = ring.iter_mut().rev().find(|e| e.fp.key() == fp.key()) {
             e.state = state;
             e.since = now;
             e.changed_at = wall;
@@ -207,16 +220,17 @@ impl Flight {
         });
     }
 
-    /// What `rank` was running as collective `seq` (its fingerprint), or
-    /// an empty string when it is no longer (or not yet) recorded.
-    pub(crate) fn doing(&self, rank: usize, seq: u64) -> String {
+    /// What `rank` was running as the call `fp` stands for (its
+    /// fingerprint), or an empty string when it is no longer (or not yet)
+    /// recorded.
+    pub(crate) fn doing(&self, rank: usize, fp: &Fingerprint) -> String {
         self.ranks
             .get(rank)
             .and_then(|ring| {
                 lock(ring)
                     .iter()
                     .rev()
-                    .find(|e| e.fp.seq == seq)
+                    .find(|e| e.fp.key() == fp.key())
                     .map(|e| e.fp.to_string())
             })
             .unwrap_or_default()
@@ -243,6 +257,7 @@ impl Flight {
                         collective: e.fp.kind.name(),
                         fingerprint: e.fp.to_string(),
                         bytes: e.fp.bytes(),
+                        peer: e.fp.peer,
                         state: e.state,
                         issued_at: e.issued_at,
                         changed_at: e.changed_at,

@@ -196,12 +196,13 @@ impl Health {
     }
 
     /// `Ok` while nobody has failed; else the error `rank` should report for `seq`.
-    pub(crate) fn check(&self, rank: usize, seq: u64) -> Result<()> {
+    pub(crate) fn check(&self, rank: usize, fp: &Fingerprint) -> Result<()> {
+        let seq = fp.seq;
         let f = match lock(&self.failure).clone() {
             Some(f) => f,
             None => {
                 return match &self.parent {
-                    Some((p, map)) => p.check(map.get(rank).copied().unwrap_or(rank), seq),
+                    Some((p, map)) => p.check(map.get(rank).copied().unwrap_or(rank), fp),
                     None => Ok(()),
                 };
             }
@@ -230,7 +231,7 @@ impl Health {
             Error::PeerFailed { reason, .. } => Error::PeerFailed {
                 rank,
                 seq,
-                doing: self.flight.doing(rank, seq),
+                doing: self.flight.doing(rank, fp),
                 peer: f.origin,
                 reason,
                 flight: self.flight.report(),
@@ -238,7 +239,7 @@ impl Health {
             e => Error::PeerFailed {
                 rank,
                 seq,
-                doing: self.flight.doing(rank, seq),
+                doing: self.flight.doing(rank, fp),
                 peer: f.origin,
                 reason: e.to_string(),
                 flight: self.flight.report(),
@@ -298,7 +299,7 @@ impl Waiter<'_> {
 
 impl Watch for Waiter<'_> {
     fn check(&self) -> Result<()> {
-        self.health.check(self.rank, self.fp.seq)
+        self.health.check(self.rank, &self.fp)
     }
 
     fn timed_out(&self, what: String, after: Duration) -> Error {

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
 use crate::transport::local::LoanError;
-use crate::transport::{Body, Loan, Transport};
+use crate::transport::{Body, Lane, Loan, Transport};
 
 /// A rank's links, as the runtime uses them: packets headed by the
 /// fingerprint of the collective they belong to.
@@ -17,30 +17,37 @@ pub(crate) type Link = dyn Transport<Fingerprint>;
 /// A packet on a [`Link`].
 pub(crate) type Packet = crate::transport::Packet<Fingerprint>;
 
-/// Sends `packet` to `peer` without blocking.
-pub(crate) fn post(link: &Link, peer: usize, packet: Packet, w: &Waiter) -> Result<()> {
-    link.send(peer, packet)
+/// Sends `packet` to `peer` on `lane` without blocking.
+pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Waiter) -> Result<()> {
+    link.send(peer, lane, packet)
         .map_err(|_| w.peer_failed(peer, "its end of the link is gone".into()))
 }
 
-/// Receives the next packet from `peer`, checking that it belongs to the
-/// collective `w` is running and carries `bytes` bytes.
-pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result<Packet> {
+/// Receives the next packet from `peer` on `lane`, checking that it
+/// belongs to the call `w` is running (the same collective, or the send
+/// that pairs with this receive) and carries `bytes` bytes.
+pub(crate) fn take(
+    link: &Link,
+    peer: usize,
+    lane: Lane,
+    bytes: usize,
+    w: &Waiter,
+) -> Result<Packet> {
     let gone = || w.peer_failed(peer, "its end of the link is gone".into());
     let p = w.until(
         || match bytes {
             0 => format!("rank {peer} to join {}", w.fp),
             _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
         },
-        |tick| match link.recv(peer, tick) {
+        |tick| match link.recv(peer, lane, tick) {
             Ok(Some(p)) => Ok(Some(p)),
             Ok(None) if w.health.is_gone(peer) => {
-                match link.recv(peer, std::time::Duration::ZERO) {
+                match link.recv(peer, lane, std::time::Duration::ZERO) {
                     Ok(Some(p)) => Ok(Some(p)),
                     Err(_) => Err(gone()),
                     // A peer that left after a failure is reported with that
                     // failure (recorded before it left), not as a departure.
-                    Ok(None) => w.health.check(w.rank, w.fp.seq).and(Err(w.peer_failed(
+                    Ok(None) => w.health.check(w.rank, &w.fp).and(Err(w.peer_failed(
                         peer,
                         format!(
                             "rank {peer} returned from its closure without issuing {}",
@@ -53,8 +60,9 @@ pub(crate) fn take(link: &Link, peer: usize, bytes: usize, w: &Waiter) -> Result
             Err(_) => Err(gone()),
         },
     )?;
-    if p.fp != w.fp || p.len() != bytes {
-        let (ours, theirs) = if p.fp != w.fp {
+    let pairs = w.fp.pairs_with(&p.fp);
+    if !pairs || p.len() != bytes {
+        let (ours, theirs) = if !pairs {
             (w.fp.to_string(), p.fp.to_string())
         } else {
             // Same collective, different schedule: only a bug would get here.
@@ -89,7 +97,7 @@ pub(crate) fn read_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<wgpu::B
             );
             w.health
                 .fail(owner, Error::device(owner, Some(w.fp.seq), what));
-            w.health.check(w.rank, w.fp.seq)?;
+            w.health.check(w.rank, &w.fp)?;
             Err(w.device_error(format!("reading a buffer lent by rank {owner}: {why}")))
         }
     })

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
-use crate::algo::{chain, oneshot, pairwise, prims::Prims, ring};
+use crate::algo::{chain, oneshot, p2p, pairwise, prims::Prims, ring, star};
 use crate::api::tensor::{DType, Tensor};
 use crate::api::work::WorkState;
 use crate::device::{RankDevice, Ticket, lock};
@@ -28,7 +28,7 @@ use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::shared;
-use crate::transport::{Body, Stager};
+use crate::transport::{Body, Lane, Stager};
 
 /// Ops queued or running on a progress thread. Waiting for it to drain
 /// (a rank that departs, a run that starts) is a condition wait, not a
@@ -107,14 +107,35 @@ impl Output {
     }
 }
 
-/// One queued collective.
-pub(crate) struct Op {
+/// One call: a collective, or a send or receive.
+pub(crate) struct Item {
     pub what: Collective,
     /// Derived from `what` when it was issued.
     pub fp: Fingerprint,
     pub inputs: Vec<Tensor>,
     pub outputs: Vec<Output>,
+}
+
+/// What one `Work` stands for: one call, or the calls of a group, which
+/// launch together.
+pub(crate) struct Op {
+    pub items: Vec<Item>,
     pub state: Arc<WorkState>,
+}
+
+/// The order a group's calls run in on this rank: sends first (they never
+/// wait for their receiver), then the collectives in call order, then the
+/// receives, so that no call of a group waits on a peer that is itself
+/// waiting for a later call of its own group.
+fn launch_order(items: &[Item]) -> Vec<usize> {
+    let rank = |it: &Item| match it.what {
+        Collective::Send { .. } => 0,
+        Collective::Recv { .. } => 2,
+        _ => 1,
+    };
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| rank(&items[i]));
+    order
 }
 
 /// What running an op leaves: the submission that last writes its
@@ -148,52 +169,50 @@ impl Progress {
         // Ends when the communicator is dropped (its sender with it).
         while let Ok(op) = rx.recv() {
             op.state.start();
-            tracing::debug!(rank = self.rank, seq = op.fp.seq, "started");
-            self.health
-                .flight
-                .record(self.rank, op.fp, State::InProgress);
             let mut outs = Vec::new();
-            let result = match self.health.check(self.rank, op.fp.seq) {
-                Err(e) => Err(e),
-                Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.execute(&op, &mut outs)
-                }))
-                .unwrap_or_else(|p| {
-                    Err(Error::device(
-                        self.rank,
-                        Some(op.fp.seq),
-                        format!("internal error: {}", crate::api::comm::panic_message(&p)),
-                    ))
-                }),
-            };
+            let mut done = vec![false; op.items.len()];
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.launch(&op.items, &mut outs, &mut done)
+            }))
+            .unwrap_or_else(|p| {
+                let seq = op
+                    .items
+                    .iter()
+                    .zip(&done)
+                    .find(|(_, d)| !**d)
+                    .map(|(it, _)| it.fp.seq);
+                Err(Error::device(
+                    self.rank,
+                    seq,
+                    format!("internal error: {}", crate::api::comm::panic_message(&p)),
+                ))
+            });
             // Let go of the tensors before anyone hears the op is done: a
             // caller that then drops its output must find it back in the
             // pool, not still held here (nor in the state, once its Work is gone).
-            let Op {
-                fp,
-                state,
-                inputs,
-                outputs,
-                what,
-            } = op;
-            drop((inputs, outputs, what));
+            let Op { items, state } = op;
+            let fps: Vec<Fingerprint> = items.iter().map(|it| it.fp).collect();
+            drop(items);
             match result {
                 Ok(Ran { last, table }) => {
-                    tracing::debug!(rank = self.rank, seq = fp.seq, "host steps done");
-                    self.health.flight.record(self.rank, fp, State::Completed);
-                    state.put_outputs(outs, table);
+                    for fp in &fps {
+                        tracing::debug!(rank = self.rank, seq = fp.seq, "host steps done");
+                        self.health.flight.record(self.rank, *fp, State::Completed);
+                    }
+                    state.put_outputs(outs.into_iter().flatten().collect(), table);
                     state.issued(last);
                     // Wakes futures and waiters once the device has run it.
+                    let seq = fps.first().map(|fp| fp.seq);
                     let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
                     self.dev.on_done(
                         last,
                         Box::new(move |ok| {
                             if ok {
-                                tracing::trace!(rank, seq = fp.seq, "device done");
+                                tracing::trace!(rank, seq, "device done");
                                 done.gpu_done();
                             } else {
-                                let why = dev.check(Some(fp.seq)).err().unwrap_or_else(|| {
-                                    Error::device(rank, Some(fp.seq), "the device failed")
+                                let why = dev.check(seq).err().unwrap_or_else(|| {
+                                    Error::device(rank, seq, "the device failed")
                                 });
                                 done.fail(why);
                             }
@@ -201,7 +220,12 @@ impl Progress {
                     );
                 }
                 Err(e) => {
-                    tracing::debug!(rank = self.rank, seq = fp.seq, error = %e, "failed");
+                    let seq = fps
+                        .iter()
+                        .zip(&done)
+                        .find(|(_, d)| !**d)
+                        .map(|(fp, _)| fp.seq);
+                    tracing::debug!(rank = self.rank, seq, error = %e, "failed");
                     drop(outs);
                     // The schedule is broken for everyone: make peers fail now, not at their timeout.
                     let origin = match &e {
@@ -209,7 +233,9 @@ impl Progress {
                         _ => self.rank,
                     };
                     self.health.fail(origin, e.clone());
-                    self.health.flight.record(self.rank, fp, State::Failed);
+                    for (fp, _) in fps.iter().zip(&done).filter(|(_, d)| !**d) {
+                        self.health.flight.record(self.rank, *fp, State::Failed);
+                    }
                     self.stage.clear();
                     state.fail(e);
                 }
@@ -218,13 +244,54 @@ impl Progress {
         }
     }
 
+    /// Runs an op's calls, their outputs (made here) in `outs`, call by
+    /// call; `done` says which completed, should one fail. Returns the
+    /// submission that last writes an output.
+    fn launch(
+        &mut self,
+        items: &[Item],
+        outs: &mut Vec<Vec<Tensor>>,
+        done: &mut [bool],
+    ) -> Result<Ran> {
+        let dev = self.dev.clone();
+        for it in items {
+            outs.push(
+                it.outputs
+                    .iter()
+                    .map(|o| o.tensor(&dev))
+                    .collect::<Result<_>>()?,
+            );
+        }
+        let order = launch_order(items);
+        let mut ran = Ran {
+            last: dev.submit(dev.encoder(), items.first().map(|it| it.fp.seq))?,
+            table: None,
+        };
+        for i in order {
+            let it = &items[i];
+            self.health.check(self.rank, &it.fp)?;
+            self.health
+                .flight
+                .record(self.rank, it.fp, State::InProgress);
+            tracing::debug!(rank = self.rank, seq = it.fp.seq, call = %it.fp, "started");
+            let r = self.execute(it, &outs[i])?;
+            self.health
+                .flight
+                .record(self.rank, it.fp, State::Completed);
+            ran.last = ran.last.max(r.last);
+            ran.table = ran.table.or(r.table);
+            done[i] = true;
+        }
+        Ok(ran)
+    }
+
     /// Runs one collective into `outs` (its outputs, made here); returns
     /// the submission that last writes them.
     #[allow(
         clippy::arithmetic_side_effects,
         reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
     )]
-    fn execute(&mut self, op: &Op, outs: &mut Vec<Tensor>) -> Result<Ran> {
+    fn execute(&mut self, op: &Item, outs: &[Tensor]) -> Result<Ran> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {
@@ -234,13 +301,8 @@ impl Progress {
             fp: op.fp,
             timeout: self.timeout,
         };
-        // Agree on what runs before moving any data: a rank that issued
-        // something else (or nothing) is caught here, on every rank, even
-        // when one side would have sent no bytes at all.
-        for o in &op.outputs {
-            outs.push(o.tensor(&dev)?);
-        }
-        if let (Some(group), true) = (&self.group, n > 1) {
+        let p2p = op.fp.kind.point_to_point();
+        if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
             let profiling = self.counters.enabled();
             if profiling && dev.timestamps && self.stamps.is_none() {
                 self.stamps = Some(Timestamps::new(&dev)?);
@@ -270,7 +332,11 @@ impl Progress {
                 shared::Outcome::Host => {}
             }
         }
-        if n > 1 {
+        // Agree on what runs before moving any data: a rank that issued
+        // something else (or nothing) is caught here, on every rank, even
+        // when one side would have sent no bytes at all. (A point-to-point
+        // call checks its one peer with its first packet.)
+        if n > 1 && !p2p {
             handshake(&*self.endpoint, &waiter, n)?;
         }
         let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
@@ -301,6 +367,11 @@ impl Progress {
         let mut p = Prims {
             w: waiter,
             link: &*self.endpoint,
+            lane: if p2p {
+                Lane::PointToPoint
+            } else {
+                Lane::Collective
+            },
             stage: &mut self.stage,
             buf,
             reduce,
@@ -315,7 +386,8 @@ impl Progress {
             },
         };
         // Views the schedules cannot work on where they lie are staged.
-        let staged = Staged::new(&mut p, &dev, &op.inputs, outs)?;
+        let writes = op.what.writes_output(r);
+        let staged = Staged::new(&mut p, &dev, &op.inputs, outs, writes)?;
         let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
         let mut table = None;
         match &op.what {
@@ -384,6 +456,42 @@ impl Progress {
                     out.used_bytes() as usize,
                 )?;
             }
+            Collective::Gather { root, .. } => {
+                let (x, out) = (&ins[0], &outs[0]);
+                star::gather(
+                    &mut p,
+                    *root,
+                    x.buffer(),
+                    out.buffer(),
+                    x.byte_len() as usize,
+                )?;
+            }
+            Collective::Scatter { root, .. } => {
+                let (x, out) = (&ins[0], &outs[0]);
+                star::scatter(
+                    &mut p,
+                    *root,
+                    x.buffer(),
+                    out.buffer(),
+                    out.byte_len() as usize,
+                )?;
+            }
+            Collective::Send { peer, .. } => {
+                let x = &ins[0];
+                p.buf = x.buffer().clone();
+                if self.group.is_some() {
+                    let copy = scratch(&dev, x.words())?;
+                    let buffer = copy.buffer().clone();
+                    p2p::send_on_device(&mut p, *peer, x.words(), buffer, Box::new(copy))?;
+                } else {
+                    p2p::send(&mut p, *peer, x.words())?;
+                }
+            }
+            Collective::Recv { peer, .. } => {
+                let out = &outs[0];
+                p.buf = out.buffer().clone();
+                p2p::recv(&mut p, *peer, out.words(), self.group.is_some())?;
+            }
             Collective::Barrier => ring::barrier(&mut p)?,
             Collective::Split { color, key } => {
                 table = Some(split_table(&mut p, *color, *key)?);
@@ -414,11 +522,14 @@ struct Staged<'a> {
 }
 
 impl<'a> Staged<'a> {
+    /// `writes`: whether the call writes its outputs on this rank (a
+    /// gather's output is not touched off the root, so not staged).
     fn new(
         p: &mut Prims,
         dev: &Arc<RankDevice>,
         ins: &'a [Tensor],
         outs: &'a [Tensor],
+        writes: bool,
     ) -> Result<Staged<'a>> {
         if ins.iter().chain(outs).all(Tensor::direct) {
             return Ok(Staged {
@@ -430,7 +541,7 @@ impl<'a> Staged<'a> {
         let mut back = Vec::new();
         let mut staged_outs = Vec::with_capacity(outs.len());
         for o in outs {
-            if o.direct() {
+            if o.direct() || !writes {
                 staged_outs.push(o.clone());
             } else {
                 let w = Tensor::output(dev, o.dtype(), o.len())?;
@@ -499,8 +610,8 @@ fn handshake(link: &Link, w: &Waiter, n: usize) -> Result<()> {
         from: w.rank,
         body: Body::Bytes(data),
     };
-    hop::post(link, (w.rank + 1) % n, token, w)?;
-    let p = hop::take(link, (w.rank + n - 1) % n, 0, w)?;
+    hop::post(link, (w.rank + 1) % n, Lane::Collective, token, w)?;
+    let p = hop::take(link, (w.rank + n - 1) % n, Lane::Collective, 0, w)?;
     hop::recycle(link, p);
     Ok(())
 }

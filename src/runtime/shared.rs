@@ -86,7 +86,7 @@ pub(crate) fn run(
             for &peer in absent {
                 if w.health.is_gone(peer) {
                     // A peer that left after a failure is reported with that failure.
-                    w.health.check(w.rank, w.fp.seq)?;
+                    w.health.check(w.rank, &w.fp)?;
                     return Err(w.peer_failed(
                         peer,
                         format!(
@@ -207,10 +207,10 @@ fn shared_bytes(all: &[Arrival]) -> Option<String> {
             if r == s {
                 continue;
             }
-            let clash = a
-                .outs
-                .iter()
-                .any(|o| b.ins.iter().chain(&b.outs).any(|t| o.overlaps(t)));
+            let clash = a.what.writes_output(r)
+                && a.outs
+                    .iter()
+                    .any(|o| b.ins.iter().chain(&b.outs).any(|t| o.overlaps(t)));
             if clash {
                 return Some(format!(
                     "{}: rank {r}'s output shares bytes with a tensor of rank {s} (ranks that \
@@ -240,9 +240,10 @@ fn feasible(dev: &RankDevice, tuning: &Tuning, all: &[Arrival]) -> bool {
         Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
             Steps::can_reduce(dev, n) && a.outs.iter().all(|o| o.byte_len() % align(dev) == 0)
         }
-        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
-            a.ins.iter().all(|x| x.byte_len() % 4 == 0)
-        }
+        Collective::AllGather { .. }
+        | Collective::AllGatherCoalesced { .. }
+        | Collective::Gather { .. } => a.ins.iter().all(|x| x.byte_len() % 4 == 0),
+        Collective::Scatter { .. } => a.outs.iter().all(|o| o.byte_len() % 4 == 0),
         Collective::AllToAll { dtype, .. } => all.iter().all(|b| match &b.what {
             Collective::AllToAll { send, recv, .. } => {
                 send.iter().chain(recv).all(|c| (c * dtype.size()) % 4 == 0)
@@ -250,6 +251,8 @@ fn feasible(dev: &RankDevice, tuning: &Tuning, all: &[Arrival]) -> bool {
             _ => false,
         }),
         Collective::Broadcast { .. } | Collective::Barrier | Collective::Split { .. } => true,
+        // Never met here: a pair's packets carry them (`algo::p2p`).
+        Collective::Send { .. } | Collective::Recv { .. } => false,
     }
 }
 
@@ -281,10 +284,12 @@ fn record(
     let mut back: Vec<Staged> = Vec::new();
     let mut ins: Vec<Vec<Tensor>> = Vec::with_capacity(n);
     let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
-    for a in all {
+    for (r, a) in all.iter().enumerate() {
+        let writes = a.what.writes_output(r);
         let mut rank_outs = Vec::with_capacity(a.outs.len());
         for o in &a.outs {
-            if o.direct() {
+            // A gather's output off the root is not touched, so not staged.
+            if o.direct() || !writes {
                 rank_outs.push(o.clone());
             } else {
                 let stand_in = Tensor::output(o.rank_device(), o.dtype(), o.len())?;
@@ -444,7 +449,21 @@ fn steps_for(
                 }
             }
         }
-        Collective::Barrier => {}
+        Collective::Gather { root, .. } => {
+            let bytes = ins[0][0].byte_len();
+            let out = outs[*root][0].buffer();
+            for (r, x) in ins.iter().enumerate() {
+                steps.copy(x[0].buffer(), 0, out, r as u64 * bytes, bytes);
+            }
+        }
+        Collective::Scatter { root, .. } => {
+            let bytes = outs[0][0].byte_len();
+            let x = ins[*root][0].buffer();
+            for (r, o) in outs.iter().enumerate() {
+                steps.copy(x, r as u64 * bytes, o[0].buffer(), 0, bytes);
+            }
+        }
+        Collective::Barrier | Collective::Send { .. } | Collective::Recv { .. } => {}
         Collective::Split { .. } => {
             let table = all
                 .iter()

@@ -26,7 +26,7 @@ use crate::deadline::Patience;
 use crate::device::{RankDevice, Ticket};
 use crate::error::Error;
 
-use super::{Body, Closed, Packet, Transport};
+use super::{Body, Closed, LANES, Lane, Packet, Transport};
 
 /// Map states of a staging buffer, set by its map callback.
 pub(crate) const MAP_PENDING: u8 = 0;
@@ -126,7 +126,8 @@ impl Loan {
     }
 }
 
-/// One rank's ends of the in-process links to every other rank of a group.
+/// One rank's ends of the in-process links to every other rank of a group:
+/// entry `peer * LANES + lane`.
 pub(crate) struct Local<H> {
     to: Vec<Sender<Packet<H>>>,
     from: Vec<Receiver<Packet<H>>>,
@@ -138,33 +139,48 @@ pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
     let pool = Arc::new(ArrayQueue::new(
         n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
     ));
-    // links[a][b]: a -> b
+    // links[a][b * LANES + lane]: a -> b
     type Channel<H> = (Sender<Packet<H>>, Receiver<Packet<H>>);
     let links: Vec<Vec<Channel<H>>> = (0..n)
-        .map(|_| (0..n).map(|_| unbounded()).collect())
+        .map(|_| (0..n * LANES).map(|_| unbounded()).collect())
         .collect();
+    let ends = || (0..n).flat_map(|p| (0..LANES).map(move |l| (p, l)));
     (0..n)
         .map(|r| {
             Arc::new(Local {
-                to: (0..n).map(|p| links[r][p].0.clone()).collect(),
-                from: (0..n).map(|p| links[p][r].1.clone()).collect(),
+                to: ends()
+                    .map(|(p, l)| links[r][p * LANES + l].0.clone())
+                    .collect(),
+                from: ends()
+                    .map(|(p, l)| links[p][r * LANES + l].1.clone())
+                    .collect(),
                 pool: pool.clone(),
             }) as Arc<dyn Transport<H>>
         })
         .collect()
 }
 
+/// The index of the channel to or from `peer` on `lane`.
+fn end(peer: usize, lane: Lane) -> usize {
+    peer.saturating_mul(LANES).saturating_add(lane as usize)
+}
+
 impl<H: Send> Transport<H> for Local<H> {
-    fn send(&self, peer: usize, packet: Packet<H>) -> Result<(), Closed> {
+    fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed> {
         self.to
-            .get(peer)
+            .get(end(peer, lane))
             .ok_or(Closed)?
             .send(packet)
             .map_err(|_| Closed)
     }
 
-    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet<H>>, Closed> {
-        match self.from.get(peer).ok_or(Closed)?.recv_timeout(limit) {
+    fn recv(&self, peer: usize, lane: Lane, limit: Duration) -> Result<Option<Packet<H>>, Closed> {
+        match self
+            .from
+            .get(end(peer, lane))
+            .ok_or(Closed)?
+            .recv_timeout(limit)
+        {
             Ok(p) => Ok(Some(p)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Err(Closed),

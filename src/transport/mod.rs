@@ -41,7 +41,32 @@ pub(crate) enum Body {
     Bytes(Vec<u8>),
     /// A buffer of the sender's, lent in place (in-process only).
     Loan(Loan),
+    /// Bytes already on the device sender and receiver share.
+    Resident(Resident),
 }
+
+/// A copy of the sender's bytes on a device the receiver shares: the
+/// receiver copies out of it with a device copy, submitted to the same
+/// queue after the sender's copy into it, so it reads what was sent.
+pub(crate) struct Resident {
+    pub buffer: wgpu::Buffer,
+    pub bytes: u64,
+    /// Keeps the buffer out of its pool until the receiver lets go.
+    pub _hold: Box<dyn std::any::Any + Send>,
+}
+
+/// Which stream of packets between two ranks a packet travels on, as an
+/// MPI tag would say: collectives pair by the group's issue order,
+/// point-to-point calls by each pair's own, so neither may take the
+/// other's packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Collective = 0,
+    PointToPoint = 1,
+}
+
+/// Lanes between each pair of ranks.
+pub(crate) const LANES: usize = 2;
 
 impl<H> Packet<H> {
     /// Bytes carried.
@@ -49,6 +74,7 @@ impl<H> Packet<H> {
         match &self.body {
             Body::Bytes(b) => b.len(),
             Body::Loan(l) => l.len(),
+            Body::Resident(r) => usize::try_from(r.bytes).unwrap_or(usize::MAX),
         }
     }
 }
@@ -59,12 +85,12 @@ pub(crate) struct Closed;
 
 /// One rank's ends of its links to every other rank of a group.
 pub(crate) trait Transport<H>: Send + Sync {
-    /// Sends `packet` to `peer` without blocking.
-    fn send(&self, peer: usize, packet: Packet<H>) -> Result<(), Closed>;
+    /// Sends `packet` to `peer` on `lane` without blocking.
+    fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed>;
 
-    /// The next packet from `peer`, waiting at most `limit`; `Ok(None)`
-    /// when none came in time.
-    fn recv(&self, peer: usize, limit: Duration) -> Result<Option<Packet<H>>, Closed>;
+    /// The next packet from `peer` on `lane`, waiting at most `limit`;
+    /// `Ok(None)` when none came in time.
+    fn recv(&self, peer: usize, lane: Lane, limit: Duration) -> Result<Option<Packet<H>>, Closed>;
 
     /// Whether packets may carry [`Body::Loan`] (sender and receiver share
     /// the process).
