@@ -687,7 +687,7 @@ mod tests {
     use super::*;
     use crate::ReduceOp;
     use crate::runtime::hop::Packet;
-    use crate::transport::Transport;
+    use crate::transport::{Lane, Transport};
 
     /// The in-process links, as a backend without loans: every hop's bytes
     /// travel in the packet.
@@ -697,16 +697,18 @@ mod tests {
         fn send(
             &self,
             peer: usize,
+            lane: Lane,
             p: Packet,
         ) -> std::result::Result<(), crate::transport::Closed> {
-            self.0.send(peer, p)
+            self.0.send(peer, lane, p)
         }
         fn recv(
             &self,
             peer: usize,
+            lane: Lane,
             limit: Duration,
         ) -> std::result::Result<Option<Packet>, crate::transport::Closed> {
-            self.0.recv(peer, limit)
+            self.0.recv(peer, lane, limit)
         }
         fn carries_loans(&self) -> bool {
             false

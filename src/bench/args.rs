@@ -18,6 +18,13 @@ pub enum Collective {
     Reduce,
     /// all_to_all with equal splits; the size is each rank's input.
     AllToAll,
+    /// nccl-tests' sendrecv_perf: each rank sends to the next and receives
+    /// from the previous, in one group; the size is what each rank sends.
+    Sendrecv,
+    /// gather to the root; the size is the gathered output.
+    Gather,
+    /// scatter from the root; the size is the root's input.
+    Scatter,
 }
 
 impl Collective {
@@ -26,10 +33,12 @@ impl Collective {
         let n = n as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                (n - 1.0) / n
-            }
-            Collective::Broadcast | Collective::Reduce => 1.0,
+            Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::Gather
+            | Collective::Scatter => (n - 1.0) / n,
+            Collective::Broadcast | Collective::Reduce | Collective::Sendrecv => 1.0,
         }
     }
 
@@ -42,6 +51,9 @@ impl Collective {
             Collective::Broadcast => "broadcast",
             Collective::Reduce => "reduce",
             Collective::AllToAll => "all_to_all",
+            Collective::Sendrecv => "sendrecv",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
         }
     }
 
@@ -66,7 +78,10 @@ impl Collective {
 
     /// Whether it has a root.
     pub fn rooted(self) -> bool {
-        matches!(self, Collective::Broadcast | Collective::Reduce)
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        )
     }
 }
 

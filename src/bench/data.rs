@@ -164,6 +164,12 @@ pub fn expected_output(
             input(op, k / per_rank, rank * per_rank + k % per_rank),
             None,
         ),
+        // One rank has no peer: nothing moves.
+        Collective::Sendrecv if n < 2 => return None,
+        Collective::Sendrecv => (input(op, (rank + n - 1) % n, k), None),
+        Collective::Gather if rank == root => (input(op, k / per_rank, k % per_rank), None),
+        Collective::Gather => return None,
+        Collective::Scatter => (input(op, root, rank * per_rank + k), None),
     })
 }
 

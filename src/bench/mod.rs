@@ -55,9 +55,12 @@ struct Shape {
 fn shape(coll: Collective, n: usize, dtype: DType, bytes: u64) -> Shape {
     let count = bytes as usize / dtype.size();
     let (input, per_rank, total) = match coll {
-        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (count, count, count),
-        Collective::AllGather => (count / n, count / n, count / n * n),
-        Collective::ReduceScatter | Collective::AllToAll => {
+        Collective::AllReduce
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::Sendrecv => (count, count, count),
+        Collective::AllGather | Collective::Gather => (count / n, count / n, count / n * n),
+        Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter => {
             (count / n * n, count / n, count / n * n)
         }
     };
@@ -93,14 +96,26 @@ fn issue(
             let even = vec![x.len() / n.max(1); n];
             c.all_to_all_into(x, out, Some(&even), Some(&even))
         }
+        Collective::Sendrecv => {
+            let (n, r) = (c.size(), c.rank());
+            c.group(|g| {
+                if n > 1 {
+                    g.send(x, (r + 1) % n)?;
+                    g.recv(out, (r + n - 1) % n)?;
+                }
+                Ok(())
+            })
+        }
+        Collective::Gather => c.gather_into(x, out, a.root),
+        Collective::Scatter => c.scatter_into(x, out, a.root),
     }
 }
 
 /// The output length of the collective on an input of `input` elements.
 fn output_len(coll: Collective, n: usize, input: usize) -> usize {
     match coll {
-        Collective::AllGather => input * n,
-        Collective::ReduceScatter => input / n.max(1),
+        Collective::AllGather | Collective::Gather => input * n,
+        Collective::ReduceScatter | Collective::Scatter => input / n.max(1),
         _ => input,
     }
 }

@@ -263,10 +263,7 @@ impl Progress {
             );
         }
         let order = launch_order(items);
-        let mut ran = Ran {
-            last: dev.submit(dev.encoder(), items.first().map(|it| it.fp.seq))?,
-            table: None,
-        };
+        let (mut last, mut table) = (None, None);
         for i in order {
             let it = &items[i];
             self.health.check(self.rank, &it.fp)?;
@@ -278,11 +275,16 @@ impl Progress {
             self.health
                 .flight
                 .record(self.rank, it.fp, State::Completed);
-            ran.last = ran.last.max(r.last);
-            ran.table = ran.table.or(r.table);
+            last = last.max(Some(r.last));
+            table = table.or(r.table);
             done[i] = true;
         }
-        Ok(ran)
+        let last = match last {
+            Some(t) => t,
+            // An empty group still completes in stream order.
+            None => dev.submit(dev.encoder(), None)?,
+        };
+        Ok(Ran { last, table })
     }
 
     /// Runs one collective into `outs` (its outputs, made here); returns
