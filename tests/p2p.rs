@@ -61,8 +61,11 @@ fn lengths(dtype: DType) -> Vec<usize> {
 /// One rank's results of every call, named, in a fixed order.
 type Results = Vec<(String, Vec<u8>)>;
 
+/// A call's name, the bytes it left, and the bytes the CPU expects.
+type Checked = Vec<(String, Vec<u8>, Vec<u8>)>;
+
 /// Every call on one rank, each result with the bytes the CPU expects.
-fn program(c: &Communicator) -> Result<Vec<(String, Vec<u8>, Vec<u8>)>, Error> {
+fn program(c: &Communicator) -> Result<Checked, Error> {
     let (n, r) = (c.size(), c.rank());
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let mut got = Vec::new();

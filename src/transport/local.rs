@@ -139,21 +139,17 @@ pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
     let pool = Arc::new(ArrayQueue::new(
         n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
     ));
-    // links[a][b * LANES + lane]: a -> b
+    // links[a][end(b, lane)]: a -> b
     type Channel<H> = (Sender<Packet<H>>, Receiver<Packet<H>>);
     let links: Vec<Vec<Channel<H>>> = (0..n)
-        .map(|_| (0..n * LANES).map(|_| unbounded()).collect())
+        .map(|_| (0..n.saturating_mul(LANES)).map(|_| unbounded()).collect())
         .collect();
-    let ends = || (0..n).flat_map(|p| (0..LANES).map(move |l| (p, l)));
+    let ends = || (0..n).flat_map(|p| Lane::ALL.map(|l| (p, l)));
     (0..n)
         .map(|r| {
             Arc::new(Local {
-                to: ends()
-                    .map(|(p, l)| links[r][p * LANES + l].0.clone())
-                    .collect(),
-                from: ends()
-                    .map(|(p, l)| links[p][r * LANES + l].1.clone())
-                    .collect(),
+                to: ends().map(|(p, l)| links[r][end(p, l)].0.clone()).collect(),
+                from: ends().map(|(p, l)| links[p][end(r, l)].1.clone()).collect(),
                 pool: pool.clone(),
             }) as Arc<dyn Transport<H>>
         })

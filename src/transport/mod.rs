@@ -65,6 +65,11 @@ pub(crate) enum Lane {
     PointToPoint = 1,
 }
 
+impl Lane {
+    /// Every lane, in index order.
+    pub(crate) const ALL: [Lane; LANES] = [Lane::Collective, Lane::PointToPoint];
+}
+
 /// Lanes between each pair of ranks.
 pub(crate) const LANES: usize = 2;
 
