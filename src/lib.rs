@@ -46,7 +46,8 @@
 //! What there is: [`World`] and [`WorldConfig`] (the ranks, their
 //! devices, SPMD runs), [`Placement`] (which ranks share a device),
 //! [`Communicator`] (a rank's view of a group: tensors,
-//! collectives, its device), [`Tensor`] and [`Work`] (the handle a
+//! collectives, point-to-point calls, its device), [`Group`] (calls
+//! launched together), [`Tensor`] and [`Work`] (the handle a
 //! collective returns), [`Error`]; the [`graph`] module (traced graphs,
 //! passes, an executor); [`FlightRecord`] (what every rank last did);
 //! [`init_logging`] (the engine's logs). The README's "Layout" shows how
