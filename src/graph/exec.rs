@@ -72,6 +72,11 @@ fn missing(rank: usize, what: String) -> Error {
 
 /// Runs `g` on this rank with the named `inputs`. With `timeline`, each
 /// compute op is waited for so that its span is its real duration.
+///
+/// First the ranks agree that their graphs issue the same collectives (one
+/// small all_gather): if not, every rank fails with [`Error::Mismatch`]
+/// naming the first collective that differs and this rank's pass pipeline,
+/// before any of the graph's collectives is issued.
 pub fn execute(
     g: &Graph,
     comm: &Communicator,
@@ -79,6 +84,7 @@ pub fn execute(
     timeline: bool,
 ) -> Result<Run> {
     let rank = comm.rank();
+    super::agree::agree(g, comm)?;
     let start = Instant::now();
     let now = || start.elapsed().as_secs_f64() * 1e6;
     let mut values: HashMap<NodeId, Value> = HashMap::new();

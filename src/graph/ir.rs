@@ -171,6 +171,9 @@ impl Node {
 pub struct Graph {
     /// The nodes, in the order they run.
     pub nodes: Vec<Node>,
+    /// The passes that made it from the traced graph, in order (named in
+    /// the error when ranks' scheduled graphs disagree).
+    pub passes: Vec<String>,
 }
 
 impl Graph {
@@ -204,6 +207,22 @@ impl Graph {
             .map(|n| n.id.saturating_add(1))
             .max()
             .unwrap_or(0)
+    }
+
+    /// `self` with `pass` added to its pipeline.
+    pub(crate) fn after(mut self, pass: &str) -> Graph {
+        self.passes.push(pass.to_string());
+        self
+    }
+
+    /// The pass pipeline as the errors name it: `[dce, sink_waits]`.
+    pub fn pipeline(&self) -> String {
+        format!("[{}]", self.passes.join(", "))
+    }
+
+    /// The collectives, in the order they run.
+    pub fn collectives(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.op.is_collective())
     }
 
     /// One stable line per node, e.g. `%4 = all_reduce(%3, "sum")`.

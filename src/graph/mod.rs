@@ -18,9 +18,12 @@
 //! - `verify`: the invariants every pass must keep.
 //! - `eager`: async tensors and eager compute ops, for code outside graphs.
 //! - `exec`: runs a graph on a rank (kernels, async collectives, waits), with a timeline.
+//! - `agree`: ranks check that their graphs issue the same collectives before one runs.
 //! - `compute`: the compute ops' kernels, on the crate's public API only.
-//! - `passes`: `dce`, `sink_waits`, `raise_comms`, `bucket_all_reduces`.
+//! - `passes`: `dce`, `sink_waits`, `raise_comms`, `reorder_for_overlap`,
+//!   `bucket_all_reduces`.
 
+mod agree;
 mod compute;
 pub mod eager;
 pub mod exec;

@@ -2,34 +2,24 @@
 //! with the same op and dtype, up to a byte cap, become one coalesced
 //! all_reduce (one ring pass instead of one per tensor).
 //!
-//! The bucket is issued where its last member was (when every member's
-//! input is ready). A member joins only if its input does not depend on an
-//! earlier member's result (never merge across a dependency) and nothing
-//! uses an earlier member's result before it (a bucket must not delay a
-//! value somebody already needs; run `sink_waits` first).
+//! Every rank must bucket alike, or ranks issue different collectives. So
+//! the decision reads only what every rank of an SPMD program shares, as
+//! PyTorch's bucketing does: the collective sequence (adjacency, op,
+//! dtype, size) and the dependencies between collectives (a member never
+//! joins a bucket whose earlier member its input needs). It never reads
+//! which rank-local compute uses a result: a rank that reads an earlier
+//! member's result before the bucket is issued (to log a norm, say) has
+//! that read moved after the bucket's wait instead, and buckets like the
+//! others. The bucket is issued where its last member was.
 
 use std::collections::HashSet;
 
-use super::move_to;
+use super::{ancestors, move_to};
 use crate::ReduceOp;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
 
 /// DDP's default `bucket_cap_mb`: 25 MiB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
-
-/// Every node `id` depends on, transitively.
-fn ancestors(g: &Graph, id: NodeId) -> HashSet<NodeId> {
-    let mut seen = HashSet::new();
-    let mut todo = vec![id];
-    while let Some(n) = todo.pop() {
-        for &a in g.node(n).map(|n| n.args.as_slice()).unwrap_or(&[]) {
-            if seen.insert(a) {
-                todo.push(a);
-            }
-        }
-    }
-    seen
-}
 
 fn wait_of(g: &Graph, id: NodeId) -> Option<NodeId> {
     g.users(id)
@@ -49,16 +39,9 @@ fn joins(g: &Graph, bucket: &[NodeId], b: &Node, op: ReduceOp, bytes: usize, cap
         return false;
     }
     let needs = ancestors(g, b.id);
-    let pos = g.positions();
-    let here = pos.get(&b.id).copied().unwrap_or(0);
     bucket.iter().all(|&m| {
         let wait = wait_of(g, m);
-        let used_before = wait
-            .map(|w| g.users(w))
-            .unwrap_or_default()
-            .iter()
-            .any(|u| pos.get(u).is_some_and(|&p| p < here));
-        !needs.contains(&m) && wait.is_none_or(|w| !needs.contains(&w)) && !used_before
+        !needs.contains(&m) && wait.is_none_or(|w| !needs.contains(&w))
     })
 }
 
@@ -100,7 +83,42 @@ pub fn bucket_all_reduces(mut g: Graph, cap: usize) -> Graph {
     for bucket in buckets.into_iter().filter(|b| b.len() > 1) {
         merge(&mut g, &bucket);
     }
-    g
+    restore_dependencies(&mut g);
+    g.after("bucket_all_reduces")
+}
+
+/// Reorders `g` so that every node comes after its arguments, moving as
+/// little as it can: of the nodes whose arguments are placed, the earliest
+/// in the current order goes next, except a collective whose predecessor
+/// in the traced order is not placed yet. A merge leaves nodes that read
+/// an early member's result before the bucket; they, and what needs them,
+/// move after it.
+fn restore_dependencies(g: &mut Graph) {
+    let mut placed: HashSet<NodeId> = HashSet::new();
+    let mut rest = std::mem::take(&mut g.nodes);
+    let mut order = Vec::with_capacity(rest.len());
+    let mut seqs: Vec<u64> = rest.iter().filter_map(|n| n.seq).collect();
+    seqs.sort_unstable();
+    let mut next_seq = seqs.into_iter().peekable();
+    while !rest.is_empty() {
+        let due = next_seq.peek().copied();
+        let pick = rest.iter().position(|n| {
+            n.args.iter().all(|a| placed.contains(a))
+                && (!n.op.is_collective() || n.seq.is_none() || n.seq == due)
+        });
+        // An acyclic graph always has a next node; should it not, keep the rest as it is.
+        let Some(i) = pick else {
+            order.append(&mut rest);
+            break;
+        };
+        let n = rest.remove(i);
+        if n.op.is_collective() && n.seq.is_some() {
+            next_seq.next();
+        }
+        placed.insert(n.id);
+        order.push(n);
+    }
+    g.nodes = order;
 }
 
 /// Replaces the members (all_reduces with one op and dtype) by one

@@ -17,7 +17,7 @@ pub fn dce(mut g: Graph) -> Graph {
             .map(|n| n.id)
             .collect();
         if dead.is_empty() {
-            return g;
+            return g.after("dce");
         }
         g.nodes.retain(|n| !dead.contains(&n.id));
     }

@@ -14,6 +14,8 @@ pub use raise::raise_comms;
 pub use reorder::{GraphCost, reorder_for_overlap};
 pub use sink::sink_waits;
 
+use std::collections::HashSet;
+
 use super::ir::{Graph, NodeId};
 
 /// Moves node `id` to position `to` of the order (counted after removal).
@@ -23,4 +25,18 @@ fn move_to(g: &mut Graph, id: NodeId, to: usize) {
         let to = to.min(g.nodes.len());
         g.nodes.insert(to, node);
     }
+}
+
+/// Every node `id` depends on, transitively.
+fn ancestors(g: &Graph, id: NodeId) -> HashSet<NodeId> {
+    let mut seen = HashSet::new();
+    let mut todo = vec![id];
+    while let Some(n) = todo.pop() {
+        for &a in g.node(n).map(|n| n.args.as_slice()).unwrap_or(&[]) {
+            if seen.insert(a) {
+                todo.push(a);
+            }
+        }
+    }
+    seen
 }

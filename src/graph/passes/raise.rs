@@ -31,5 +31,5 @@ pub fn raise_comms(mut g: Graph) -> Graph {
         }
         floor = g.positions().get(&c).map_or(floor, |p| p.saturating_add(1));
     }
-    g
+    g.after("raise_comms")
 }

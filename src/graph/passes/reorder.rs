@@ -1,12 +1,21 @@
 //! Orders compute to cover communication, under the cost model.
 //!
-//! A list schedule over the dependency graph, simulated in time: a
-//! collective is issued as soon as its inputs are ready (and every earlier
-//! collective is issued: their order is the program's); then any ready
-//! compute that does not need an unfinished collective runs (in program
-//! order, so every rank computes the same order); a wait is placed only
-//! when nothing else can run, and then the one whose collective finishes
-//! first. Costs: collectives by the alpha-beta ring model, matmuls by their
+//! A list schedule over the dependency graph, simulated in time, that
+//! spends compute on collectives in issue order (Inductor's
+//! `reorder_compute_for_overlap`):
+//! - a collective is issued as soon as its inputs are ready (and every
+//!   earlier collective is issued: their order is the program's);
+//! - the wait of a collective that has finished by now is placed at once
+//!   (it costs nothing), so what needs its result can go on;
+//! - then compute that the next collective needs, so that it is issued
+//!   early;
+//! - then other compute, but only while a collective is still running: a
+//!   collective gets the independent compute its estimated time needs and
+//!   no more, and the rest is kept to cover later collectives;
+//! - else the wait whose collective finishes first.
+//!
+//! Ties go to program order, so every rank computes the same order.
+//! Costs: collectives by the alpha-beta ring model, matmuls by their
 //! FLOPs, other compute by its bytes.
 
 use std::collections::{HashMap, HashSet};
@@ -87,35 +96,59 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
             _ => None,
         }
     };
+    // The next collective to issue, and what it needs.
+    let next_of = |seq: Option<u64>| {
+        g.nodes
+            .iter()
+            .find(|n| n.op.is_collective() && n.seq == seq)
+            .map(|n| super::ancestors(&g, n.id))
+            .unwrap_or_default()
+    };
+    let mut needed = next_of(next_seq);
     while out.len() < g.nodes.len() {
         let ready: Vec<&Node> = g
             .nodes
             .iter()
             .filter(|n| !done.contains(&n.id) && n.args.iter().all(|a| done.contains(a)))
             .collect();
+        let ends = |n: &Node| {
+            n.args
+                .first()
+                .and_then(|&a| collective_of(a))
+                .and_then(|c| finish.get(&c))
+                .copied()
+        };
+        let compute =
+            |n: &&&Node| !matches!(n.op, Op::WaitTensor | Op::Output) && !n.op.is_collective();
+        // Whether an issued collective is still running at `now`.
+        let running = g
+            .nodes
+            .iter()
+            .filter(|n| n.op == Op::WaitTensor && !done.contains(&n.id))
+            .any(|n| ends(n).is_some_and(|end| end > now));
         let pick = ready
             .iter()
             .find(|n| n.op.is_collective() && n.seq == next_seq)
             .or_else(|| {
                 ready
                     .iter()
-                    .find(|n| !matches!(n.op, Op::WaitTensor | Op::Output) && !n.op.is_collective())
+                    .filter(|n| n.op == Op::WaitTensor && ends(n).is_none_or(|end| end <= now))
+                    .min_by_key(|n| (ends(n), order[&n.id]))
             })
             .or_else(|| {
                 ready
                     .iter()
-                    .filter(|n| n.op == Op::WaitTensor)
-                    .min_by_key(|n| {
-                        (
-                            n.args
-                                .first()
-                                .and_then(|&a| collective_of(a))
-                                .and_then(|c| finish.get(&c))
-                                .copied(),
-                            order[&n.id],
-                        )
-                    })
+                    .filter(compute)
+                    .find(|n| needed.contains(&n.id))
             })
+            .or_else(|| ready.iter().filter(compute).find(|_| running))
+            .or_else(|| {
+                ready
+                    .iter()
+                    .filter(|n| n.op == Op::WaitTensor)
+                    .min_by_key(|n| (ends(n), order[&n.id]))
+            })
+            .or_else(|| ready.iter().find(compute))
             .or_else(|| ready.iter().find(|n| n.op == Op::Output))
             .or_else(|| ready.first())
             .copied();
@@ -131,6 +164,7 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
                 .filter(|m| m.op.is_collective() && m.seq > n.seq)
                 .map(|m| m.seq.unwrap_or(0))
                 .min();
+            needed = next_of(next_seq);
         } else if n.op == Op::WaitTensor {
             if let Some(end) = n
                 .args
@@ -146,5 +180,9 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
         done.insert(n.id);
         out.push(n.clone());
     }
-    Graph { nodes: out }
+    Graph {
+        nodes: out,
+        passes: g.passes,
+    }
+    .after("reorder_for_overlap")
 }

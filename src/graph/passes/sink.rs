@@ -29,5 +29,5 @@ pub fn sink_waits(mut g: Graph) -> Graph {
         // Removing the wait shifts later positions down by one.
         move_to(&mut g, w, target.saturating_sub(1));
     }
-    g
+    g.after("sink_waits")
 }

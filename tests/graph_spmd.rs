@@ -1,0 +1,196 @@
+//! Scheduling is SPMD-safe: passes decide alike on every rank, whatever
+//! each rank reads of a result, and ranks whose graphs would issue
+//! different collectives fail together before any of them is issued.
+//! Plus overlap budgeted by cost: a collective gets the compute its time
+//! needs, and the rest covers the next one.
+
+mod common;
+
+use common::world;
+use wgpu_collectives::graph::passes::{
+    DEFAULT_BUCKET_BYTES, GraphCost, bucket_all_reduces, dce, raise_comms, reorder_for_overlap,
+    sink_waits,
+};
+use wgpu_collectives::graph::{Graph, Tracer, execute, verify};
+use wgpu_collectives::{CostModel, DType, Error, ReduceOp};
+
+const LEN: usize = 256;
+
+/// Two gradients all-reduced; with `log_norm`, the rank also reads the
+/// first reduced gradient (to log its norm) before the second is issued.
+fn two_gradients(log_norm: bool) -> Graph {
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[LEN]);
+    let g1 = t.scale(x, 1.0);
+    let r1 = t.all_reduce(g1, ReduceOp::Sum);
+    let mut outs = vec![r1];
+    if log_norm {
+        outs.push(t.mul(r1, r1));
+    }
+    let g2 = t.scale(x, 2.0);
+    let r2 = t.all_reduce(g2, ReduceOp::Sum);
+    outs.push(r2);
+    t.finish(&outs)
+}
+
+fn pipeline(g: Graph) -> Graph {
+    let g = bucket_all_reduces(raise_comms(sink_waits(dce(g))), DEFAULT_BUCKET_BYTES);
+    verify(&g).unwrap_or_else(|e| panic!("{e}\n{}", g.print()));
+    g
+}
+
+/// The collectives a graph issues, as printed lines without node ids.
+fn collectives(g: &Graph) -> Vec<String> {
+    g.collectives()
+        .map(|n| {
+            format!(
+                "{} of {} tensors, {} elements",
+                n.op.name(),
+                n.args.len(),
+                n.len()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn bucketing_decides_alike_whatever_a_rank_reads() {
+    let (reader, other) = (
+        pipeline(two_gradients(true)),
+        pipeline(two_gradients(false)),
+    );
+    assert_eq!(
+        collectives(&reader),
+        collectives(&other),
+        "\n{}\n{}",
+        reader.print(),
+        other.print()
+    );
+    assert_eq!(
+        collectives(&reader),
+        vec!["all_reduce_coalesced of 2 tensors, 512 elements"]
+    );
+    // The norm is read after the bucket's wait.
+    let text = reader.print();
+    let (wait, norm) = (
+        text.find("wait_tensor").unwrap_or(0),
+        text.find("mul(").unwrap_or(0),
+    );
+    assert!(wait < norm, "{text}");
+}
+
+#[test]
+fn ranks_that_read_different_results_run_the_bucketed_graphs() {
+    let w = world(2);
+    let got = w
+        .run(|c| -> Result<Vec<Vec<f32>>, Error> {
+            let g = pipeline(two_gradients(c.rank() == 0));
+            let x = c.tensor(&vec![c.rank() as f32 + 1.0; LEN])?;
+            let run = execute(&g, c, &[("x", x)], false)?;
+            run.outputs.iter().map(|t| t.to_vec::<f32>()).collect()
+        })
+        .expect("run");
+    let rank0 = got[0].clone().expect("rank 0");
+    let rank1 = got[1].clone().expect("rank 1");
+    // Sum over ranks of (r + 1) is 3; times 1 and 2.
+    assert_eq!(rank0, vec![vec![3.0; LEN], vec![9.0; LEN], vec![6.0; LEN]]);
+    assert_eq!(rank1, vec![vec![3.0; LEN], vec![6.0; LEN]]);
+}
+
+#[test]
+fn graphs_that_issue_different_collectives_fail_on_every_rank_before_any_runs() {
+    let w = world(2);
+    let got = w
+        .run(|c| -> Result<(), Error> {
+            let g = two_gradients(false);
+            // Rank 0 buckets, rank 1 does not: a rank-dependent pipeline.
+            let g = if c.rank() == 0 {
+                pipeline(g)
+            } else {
+                sink_waits(dce(g))
+            };
+            let x = c.tensor(&[1.0f32; LEN])?;
+            execute(&g, c, &[("x", x)], false).map(|_| ())
+        })
+        .expect("run");
+    for (rank, r) in got.into_iter().enumerate() {
+        match r {
+            Err(Error::Mismatch {
+                seq, ours, theirs, ..
+            }) => {
+                assert_eq!(seq, 0, "rank {rank}: the first differing collective");
+                assert!(ours.contains("collective 0"), "rank {rank}: {ours}");
+                assert!(
+                    ours.contains("passes [dce, sink_waits"),
+                    "rank {rank}: {ours}"
+                );
+                let (mine, peer) = if rank == 0 {
+                    ("all_reduce_coalesced", "all_reduce(")
+                } else {
+                    ("all_reduce(", "all_reduce_coalesced")
+                };
+                assert!(
+                    ours.contains(mine) && theirs.contains(peer),
+                    "rank {rank}: {ours} / {theirs}"
+                );
+            }
+            other => panic!("rank {rank}: expected a mismatch, got {other:?}"),
+        }
+    }
+    // Only the agreement's own all_gathers ran: no all_reduce of the graph.
+    let record = w.flight_record().to_string();
+    assert!(!record.contains("all_reduce"), "{record}");
+}
+
+fn cost() -> GraphCost {
+    GraphCost {
+        comm: CostModel {
+            alpha: std::time::Duration::from_micros(100),
+            beta: 1e9,
+            dispatch: std::time::Duration::from_micros(5),
+        },
+        ranks: 4,
+        flops: 1e9,
+        bytes: 1e10,
+    }
+}
+
+/// All_reduce A, four independent 64x64 matmuls, all_reduce B of a value
+/// computed from A's result: A gets the matmuls its estimated time needs
+/// (two: about 0.62 ms against 0.52 ms each), B the other two.
+#[test]
+fn overlap_keeps_compute_for_a_dependent_second_collective() {
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[64, 64]);
+    let a = t.all_reduce(x, ReduceOp::Sum);
+    let ms: Vec<_> = (0..4).map(|_| t.matmul(x, x, false, false)).collect();
+    let from_a = t.scale(a, 0.5);
+    let b = t.all_reduce(from_a, ReduceOp::Sum);
+    let mut outs = ms.clone();
+    outs.push(b);
+    let g = dce(t.finish(&outs));
+    let g = reorder_for_overlap(g, &cost());
+    verify(&g).unwrap_or_else(|e| panic!("{e}\n{}", g.print()));
+    let ops: Vec<String> = g
+        .nodes
+        .iter()
+        .filter(|n| !matches!(n.op.name(), "input" | "output"))
+        .map(|n| n.op.name().to_string())
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "all_reduce",
+            "matmul",
+            "matmul",
+            "wait_tensor",
+            "scale",
+            "all_reduce",
+            "matmul",
+            "matmul",
+            "wait_tensor"
+        ],
+        "\n{}",
+        g.print()
+    );
+}
