@@ -194,3 +194,42 @@ fn overlap_keeps_compute_for_a_dependent_second_collective() {
         g.print()
     );
 }
+
+/// Bucketing by cost: two gradients made together merge; a third made
+/// four matmuls later (2.1 ms under `cost`, more than the 0.6 ms of one
+/// collective's fixed cost, 6 hops of 0.1 ms) is all-reduced on its own,
+/// so the first two need not wait for it.
+#[test]
+fn bucketing_by_cost_keeps_gradients_made_far_apart_in_separate_buckets() {
+    use wgpu_collectives::graph::passes::bucket_by_cost;
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[64, 64]);
+    let g1 = t.scale(x, 1.0);
+    let g2 = t.scale(x, 2.0);
+    let r1 = t.all_reduce(g1, ReduceOp::Sum);
+    let r2 = t.all_reduce(g2, ReduceOp::Sum);
+    let mut late = x;
+    for _ in 0..4 {
+        late = t.matmul(late, x, false, false);
+    }
+    let r3 = t.all_reduce(late, ReduceOp::Sum);
+    let g = sink_waits(dce(t.finish(&[r1, r2, r3])));
+    let by_cost = bucket_by_cost(g.clone(), DEFAULT_BUCKET_BYTES, &cost());
+    verify(&by_cost).unwrap_or_else(|e| panic!("{e}\n{}", by_cost.print()));
+    assert_eq!(
+        collectives(&by_cost),
+        [
+            "all_reduce_coalesced of 2 tensors, 8192 elements",
+            "all_reduce of 1 tensors, 4096 elements"
+        ],
+        "\n{}",
+        by_cost.print()
+    );
+    assert!(by_cost.pipeline().ends_with("bucket_by_cost]"));
+    // By bytes alone, all three merge into one bucket issued last.
+    let by_bytes = bucket_all_reduces(g, DEFAULT_BUCKET_BYTES);
+    assert_eq!(
+        collectives(&by_bytes),
+        ["all_reduce_coalesced of 3 tensors, 12288 elements"]
+    );
+}

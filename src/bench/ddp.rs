@@ -12,7 +12,7 @@ use wgpu_collectives::{World, WorldConfig};
 pub enum Which {
     /// Each wait right after its all_reduce.
     Eager,
-    /// sink_waits, reorder_for_overlap, bucketing.
+    /// sink_waits, reorder_for_overlap, bucketing by cost.
     Overlap,
 }
 

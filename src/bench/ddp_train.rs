@@ -4,7 +4,7 @@
 //!
 //! One training step is one traced graph. The `Eager` schedule runs it as
 //! traced (each wait right after its all_reduce); `Overlap` runs the passes
-//! (dce, sink_waits, reorder_for_overlap, bucket_all_reduces), so that
+//! (dce, sink_waits, reorder_for_overlap, bucket_by_cost), so that
 //! earlier layers' backward runs while later layers' gradients are reduced.
 //! Both give the same bits: only when things run changes.
 #![allow(
@@ -19,7 +19,7 @@ use wgpu_collectives::ReduceOp;
 use wgpu_collectives::World;
 use wgpu_collectives::graph::exec::{Event, Lane, execute};
 use wgpu_collectives::graph::passes::{
-    GraphCost, bucket_all_reduces, dce, reorder_for_overlap, sink_waits,
+    GraphCost, bucket_by_cost, dce, reorder_for_overlap, sink_waits,
 };
 use wgpu_collectives::graph::{Graph, Tracer, verify};
 use wgpu_collectives::{DType, Tensor};
@@ -167,9 +167,11 @@ pub fn scheduled(
 ) -> Result<Graph> {
     let g = match schedule {
         Schedule::Eager => g,
-        Schedule::Overlap => {
-            bucket_all_reduces(reorder_for_overlap(sink_waits(dce(g)), cost), bucket_bytes)
-        }
+        Schedule::Overlap => bucket_by_cost(
+            reorder_for_overlap(sink_waits(dce(g)), cost),
+            bucket_bytes,
+            cost,
+        ),
     };
     verify(&g).map_err(|what| Error::InvalidArgument { rank: None, what })?;
     Ok(g)

@@ -14,7 +14,9 @@
 
 use std::collections::HashSet;
 
-use super::{ancestors, move_to};
+use std::time::Duration;
+
+use super::{GraphCost, ancestors, move_to};
 use crate::ReduceOp;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
 
@@ -46,7 +48,33 @@ fn joins(g: &Graph, bucket: &[NodeId], b: &Node, op: ReduceOp, bytes: usize, cap
 }
 
 /// `g` with adjacent compatible all_reduces merged, up to `cap` bytes a bucket.
-pub fn bucket_all_reduces(mut g: Graph, cap: usize) -> Graph {
+pub fn bucket_all_reduces(g: Graph, cap: usize) -> Graph {
+    bucket(g, cap, None).after("bucket_all_reduces")
+}
+
+/// Like [`bucket_all_reduces`], and a member joins only if waiting for it
+/// costs the bucket's first member no more than the merge saves (one
+/// collective's fixed cost, under `cost`). When it will be ready is
+/// estimated from the compute it depends on alone (the sum of their
+/// estimated times: one rank's compute runs one op at a time), which is
+/// the same on every rank. So gradients that backward makes far apart are
+/// all-reduced apart, each overlapping the backward that follows, as
+/// DDP's small first bucket intends; those made together still merge.
+pub fn bucket_by_cost(g: Graph, cap: usize, cost: &GraphCost) -> Graph {
+    bucket(g, cap, Some(cost)).after("bucket_by_cost")
+}
+
+/// When `id`'s inputs can be ready at the earliest: the estimated time of
+/// everything it depends on.
+fn ready_at(g: &Graph, cost: &GraphCost, id: NodeId) -> Duration {
+    ancestors(g, id)
+        .into_iter()
+        .filter_map(|a| g.node(a))
+        .map(|a| cost.of(g, a))
+        .fold(Duration::ZERO, Duration::saturating_add)
+}
+
+fn bucket(mut g: Graph, cap: usize, cost: Option<&GraphCost>) -> Graph {
     let collectives: Vec<NodeId> = g
         .nodes
         .iter()
@@ -67,7 +95,9 @@ pub fn bucket_all_reduces(mut g: Graph, cap: usize) -> Graph {
             &node.op,
             open.and_then(|b| g.node(b[0])).map(|n| n.op.clone()),
         ) {
-            (Some(b), _, Some(Op::AllReduce(op))) => joins(&g, b, &node, op, bytes, cap),
+            (Some(b), _, Some(Op::AllReduce(op))) => {
+                joins(&g, b, &node, op, bytes, cap) && cost.is_none_or(|k| soon(&g, k, b, &node))
+            }
             _ => false,
         };
         if fits {
@@ -84,7 +114,17 @@ pub fn bucket_all_reduces(mut g: Graph, cap: usize) -> Graph {
         merge(&mut g, &bucket);
     }
     restore_dependencies(&mut g);
-    g.after("bucket_all_reduces")
+    g
+}
+
+/// Whether `b` is ready soon enough after the bucket's first member that
+/// waiting for it costs less than the collective the merge saves.
+fn soon(g: &Graph, cost: &GraphCost, bucket: &[NodeId], b: &Node) -> bool {
+    let Some(&first) = bucket.first() else {
+        return false;
+    };
+    let delay = ready_at(g, cost, b.id).saturating_sub(ready_at(g, cost, first));
+    delay <= cost.comm.ring_all_reduce(cost.ranks, 0)
 }
 
 /// Reorders `g` so that every node comes after its arguments, moving as

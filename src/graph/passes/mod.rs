@@ -1,6 +1,6 @@
 //! Passes: each a function from graph to graph that keeps `verify`'s
 //! invariants, with its own tests: `dce`, `sink_waits`, `raise_comms`,
-//! `reorder_for_overlap`, `bucket_all_reduces`.
+//! `reorder_for_overlap`, `bucket_all_reduces` (and `bucket_by_cost`).
 
 mod bucket;
 mod dce;
@@ -8,7 +8,7 @@ mod raise;
 mod reorder;
 mod sink;
 
-pub use bucket::{DEFAULT_BUCKET_BYTES, bucket_all_reduces};
+pub use bucket::{DEFAULT_BUCKET_BYTES, bucket_all_reduces, bucket_by_cost};
 pub use dce::dce;
 pub use raise::raise_comms;
 pub use reorder::{GraphCost, reorder_for_overlap};
