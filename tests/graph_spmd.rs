@@ -233,3 +233,115 @@ fn bucketing_by_cost_keeps_gradients_made_far_apart_in_separate_buckets() {
         ["all_reduce_coalesced of 3 tensors, 12288 elements"]
     );
 }
+
+/// The graph ops FSDP and MoE need: bucketed all_gathers and
+/// reduce_scatters, reduce, in-place all_reduce_ and an uneven
+/// all_to_all, executed against what the CPU says, bucketed or not.
+#[test]
+fn fsdp_and_moe_ops_run_and_bucket_to_the_same_values() {
+    const N: usize = 3;
+    fn program(rank: usize) -> Graph {
+        let mut t = Tracer::new();
+        let x = t.input("x", DType::F32, &[6]);
+        let g1 = t.all_gather(x, N);
+        let g2 = t.all_gather(x, N);
+        let s1 = t.reduce_scatter(g1, ReduceOp::Sum, N);
+        let s2 = t.reduce_scatter(g2, ReduceOp::Sum, N);
+        let s3 = t.reduce_scatter(g1, ReduceOp::Max, N);
+        let red = t.reduce(x, ReduceOp::Sum, 1);
+        let copy = t.scale(x, 1.0);
+        let inplace = t.all_reduce_(copy, ReduceOp::Max);
+        // Rank r sends r + 1 elements to each rank, so receives j + 1 from rank j.
+        let send = vec![rank + 1; N];
+        let recv: Vec<usize> = (0..N).map(|j| j + 1).collect();
+        let part = t.split(x, 2, 0); // 3 elements
+        let cat = t.concat(&vec![part; rank + 1]); // r + 1 elements for each of 3 ranks
+        let a2a = t.all_to_all_uneven(cat, &send, &recv);
+        t.finish(&[g1, g2, s1, s2, s3, red, inplace, a2a])
+    }
+    let x = |r: usize| -> Vec<f32> { (0..6).map(|i| (10 * r + i) as f32).collect() };
+    let w = world(N);
+    let scheduled = |r: usize| {
+        let cost = cost();
+        let g = bucket_all_reduces(sink_waits(dce(program(r))), DEFAULT_BUCKET_BYTES);
+        let g2 = wgpu_collectives::graph::passes::bucket_by_cost(
+            sink_waits(dce(program(r))),
+            DEFAULT_BUCKET_BYTES,
+            &cost,
+        );
+        (g, g2)
+    };
+    let text = scheduled(0).0.print();
+    assert!(
+        text.contains("all_gather_coalesced") && text.contains("reduce_scatter_coalesced"),
+        "{text}"
+    );
+    let got = w
+        .run(|c| -> Result<Vec<Vec<Vec<f32>>>, Error> {
+            let r = c.rank();
+            let (bucketed, by_cost) = scheduled(r);
+            let mut all = Vec::new();
+            for g in [program(r), bucketed, by_cost] {
+                verify(&g).unwrap_or_else(|e| panic!("{e}\n{}", g.print()));
+                let run = execute(&g, c, &[("x", c.tensor(&x(r))?)], false)?;
+                all.push(
+                    run.outputs
+                        .iter()
+                        .map(|t| t.to_vec::<f32>())
+                        .collect::<Result<_, _>>()?,
+                );
+            }
+            Ok(all)
+        })
+        .expect("run");
+    let gathered: Vec<f32> = (0..N).flat_map(x).collect();
+    for (r, runs) in got.into_iter().enumerate() {
+        let runs = runs.expect("rank");
+        let sum: Vec<f32> = (0..6 * N).map(|i| N as f32 * gathered[i]).collect();
+        let chunk = |v: &[f32]| v[r * 6..(r + 1) * 6].to_vec();
+        let max: Vec<f32> = gathered.clone();
+        let reduced: Vec<f32> = (0..6).map(|i| (0..N).map(|j| x(j)[i]).sum()).collect();
+        let most = x(N - 1);
+        let a2a: Vec<f32> = (0..N)
+            .flat_map(|j| {
+                let cat: Vec<f32> = x(j)[..3].repeat(j + 1);
+                cat[r * (j + 1)..(r + 1) * (j + 1)].to_vec()
+            })
+            .collect();
+        for (i, outs) in runs.iter().enumerate() {
+            assert_eq!(outs[0], gathered, "rank {r}, run {i}: all_gather");
+            assert_eq!(outs[1], gathered, "rank {r}, run {i}: all_gather");
+            assert_eq!(
+                outs[2],
+                chunk(&sum),
+                "rank {r}, run {i}: reduce_scatter sum"
+            );
+            assert_eq!(
+                outs[3],
+                chunk(&sum),
+                "rank {r}, run {i}: reduce_scatter sum"
+            );
+            assert_eq!(
+                outs[4],
+                chunk(&max),
+                "rank {r}, run {i}: reduce_scatter max"
+            );
+            if r == 1 {
+                assert_eq!(outs[5], reduced, "run {i}: reduce at the root");
+            }
+            assert_eq!(outs[6], most, "rank {r}, run {i}: all_reduce_ max");
+            assert_eq!(outs[7], a2a, "rank {r}, run {i}: uneven all_to_all");
+        }
+    }
+}
+
+#[test]
+fn verify_refuses_a_read_of_what_an_in_place_collective_overwrites() {
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[4]);
+    let y = t.scale(x, 2.0);
+    let r = t.all_reduce_(y, ReduceOp::Sum);
+    let stale = t.add(y, r); // reads y after all_reduce_ overwrote it
+    let e = verify(&t.finish(&[stale])).expect_err("a stale read");
+    assert!(e.contains("overwrites"), "{e}");
+}

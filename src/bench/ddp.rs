@@ -14,6 +14,10 @@ pub enum Which {
     Eager,
     /// sink_waits, reorder_for_overlap, bucketing by cost.
     Overlap,
+    /// FSDP: weights sharded over the ranks, gathered per layer (prefetched
+    /// during the previous layer), gradients reduce-scattered; the overlap
+    /// passes.
+    Fsdp,
 }
 
 /// Data-parallel training of an MLP: gradients averaged with all_reduce,
@@ -36,7 +40,7 @@ pub struct DdpArgs {
     /// Training steps.
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
-    /// The schedule to run (default: both, eager first).
+    /// The schedule to run (default: all three, eager first).
     #[arg(long, value_enum)]
     pub schedule: Option<Which>,
     /// SGD learning rate.
@@ -95,7 +99,12 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let schedules: Vec<(Schedule, &str)> = match a.schedule {
         Some(Which::Eager) => vec![(Schedule::Eager, "eager")],
         Some(Which::Overlap) => vec![(Schedule::Overlap, "overlap")],
-        None => vec![(Schedule::Eager, "eager"), (Schedule::Overlap, "overlap")],
+        Some(Which::Fsdp) => vec![(Schedule::Fsdp, "fsdp")],
+        None => vec![
+            (Schedule::Eager, "eager"),
+            (Schedule::Overlap, "overlap"),
+            (Schedule::Fsdp, "fsdp"),
+        ],
     };
     let mut summary = Vec::new();
     let mut last = None;

@@ -54,6 +54,19 @@ pub enum Schedule {
     /// Waits sunk to first use, compute ordered to cover communication,
     /// gradients bucketed.
     Overlap,
+    /// FSDP: each rank keeps 1/n of every layer's weights; a layer's shards
+    /// are all-gathered before its forward and its gradient reduce-scattered
+    /// after its backward; the overlap schedule's passes (so the next
+    /// layer's gather runs during this layer's compute). The same losses,
+    /// bit for bit, as the other schedules.
+    Fsdp,
+}
+
+impl Schedule {
+    /// Whether the step keeps weights sharded over the ranks.
+    pub fn sharded(self) -> bool {
+        self == Schedule::Fsdp
+    }
 }
 
 /// One step's figures on one rank, in microseconds.
@@ -76,7 +89,8 @@ pub struct StepStats {
 pub struct RankRun {
     /// Per step.
     pub steps: Vec<StepStats>,
-    /// Each step's weights, as bits, when asked for (for checks).
+    /// Each step's weights (this rank's shards, when sharded), as bits,
+    /// when asked for (for checks).
     pub weight_bits: Vec<Vec<u32>>,
     /// The last step's timeline.
     pub timeline: Vec<Event>,
@@ -114,16 +128,31 @@ impl Mlp {
     /// One step on one of `ranks` ranks, as traced: forward, MSE loss,
     /// backward with each layer's gradient averaged by all_reduce, SGD.
     /// Inputs `x`, `y`, `w0`..; outputs the new weights, then the loss.
-    pub fn step_graph(&self, ranks: usize) -> Graph {
+    /// `sharded`: FSDP's step instead, on inputs `w0`.. that are this
+    /// rank's shards (hidden x hidden / ranks elements, rank-major), each
+    /// all-gathered before its layer's forward, its gradient
+    /// reduce-scattered (Avg) and the shard updated; outputs the new shards.
+    pub fn step_graph(&self, ranks: usize, sharded: bool) -> Graph {
         let (b, h, layers) = (self.batch / ranks.max(1), self.hidden, self.layers.max(1));
+        let shard = h * h / ranks.max(1);
         let mut t = Tracer::new();
         let x = t.input("x", DType::F32, &[b, h]);
         let y = t.input("y", DType::F32, &[b, h]);
         let ws: Vec<usize> = (0..layers)
-            .map(|l| t.input(&format!("w{l}"), DType::F32, &[h, h]))
+            .map(|l| {
+                let shape = if sharded { vec![shard] } else { vec![h, h] };
+                t.input(&format!("w{l}"), DType::F32, &shape)
+            })
             .collect();
-        let (mut acts, mut zs) = (vec![x], Vec::new());
+        let (mut acts, mut zs, mut full) = (vec![x], Vec::new(), Vec::new());
         for (l, &w) in ws.iter().enumerate() {
+            let w = if sharded {
+                let gathered = t.all_gather(w, ranks);
+                t.reshape(gathered, &[h, h])
+            } else {
+                w
+            };
+            full.push(w);
             let z = t.matmul(acts[l], w, false, false);
             zs.push(z);
             if l + 1 < layers {
@@ -141,9 +170,14 @@ impl Mlp {
         let mut grads = vec![0; layers];
         for l in (0..layers).rev() {
             let dw = t.matmul(acts[l], dz, true, false);
-            grads[l] = t.all_reduce(dw, ReduceOp::Avg);
+            grads[l] = if sharded {
+                let flat = t.reshape(dw, &[h * h]);
+                t.reduce_scatter(flat, ReduceOp::Avg, ranks)
+            } else {
+                t.all_reduce(dw, ReduceOp::Avg)
+            };
             if l > 0 {
-                let da = t.matmul(dz, ws[l], false, true);
+                let da = t.matmul(dz, full[l], false, true);
                 dz = t.relu_grad(da, zs[l - 1]);
             }
         }
@@ -167,7 +201,7 @@ pub fn scheduled(
 ) -> Result<Graph> {
     let g = match schedule {
         Schedule::Eager => g,
-        Schedule::Overlap => bucket_by_cost(
+        Schedule::Overlap | Schedule::Fsdp => bucket_by_cost(
             reorder_for_overlap(sink_waits(dce(g)), cost),
             bucket_bytes,
             cost,
@@ -183,12 +217,22 @@ fn rank_steps(
     g: &Graph,
     steps: usize,
     keep_bits: bool,
+    sharded: bool,
 ) -> Result<RankRun> {
     let (n, r) = (c.size(), c.rank());
     let b = m.batch / n;
     let h = m.hidden;
+    // Sharded: this rank's slice of each layer's weights (rank-major).
     let mut weights: Vec<Tensor> = (0..m.layers)
-        .map(|l| c.tensor(&m.weights(l)))
+        .map(|l| {
+            let w = m.weights(l);
+            if sharded {
+                let k = w.len() / n;
+                c.tensor(&w[r * k..(r + 1) * k])
+            } else {
+                c.tensor(&w)
+            }
+        })
         .collect::<Result<_>>()?;
     let names: Vec<String> = (0..m.layers).map(|l| format!("w{l}")).collect();
     let mut run = RankRun {
@@ -275,6 +319,15 @@ pub fn train(
             ),
         });
     }
+    if schedule.sharded() && (m.hidden * m.hidden) % n != 0 {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: format!(
+                "FSDP shards hidden x hidden = {} weights over {n} ranks: they must split evenly",
+                m.hidden * m.hidden
+            ),
+        });
+    }
     if m.batch % n != 0 || m.layers == 0 || m.hidden == 0 {
         return Err(Error::InvalidArgument {
             rank: None,
@@ -290,9 +343,10 @@ pub fn train(
         flops: 1e10,
         bytes: 1e10,
     };
-    let g = scheduled(m.step_graph(n), schedule, &cost, m.bucket_bytes)?;
+    let sharded = schedule.sharded();
+    let g = scheduled(m.step_graph(n, sharded), schedule, &cost, m.bucket_bytes)?;
     world
-        .run(|c| rank_steps(c, m, &g, steps, keep_bits))?
+        .run(|c| rank_steps(c, m, &g, steps, keep_bits, sharded))?
         .into_iter()
         .collect()
 }

@@ -21,14 +21,21 @@ const WORDS: usize = 6;
 /// A slot past the end of a rank's sequence.
 const NONE: u32 = u32::MAX;
 
-const KINDS: [&str; 6] = [
+const KINDS: [&str; 10] = [
     "all_reduce",
     "all_gather",
     "reduce_scatter",
     "broadcast",
     "all_to_all",
     "all_reduce_coalesced",
+    "reduce",
+    "all_reduce_",
+    "all_gather_coalesced",
+    "reduce_scatter_coalesced",
 ];
+
+/// Roots are packed above the operator in the attribute word.
+const OPS: u32 = 16;
 
 fn index<T: PartialEq>(all: &[T], x: &T) -> u32 {
     all.iter()
@@ -40,13 +47,24 @@ fn index<T: PartialEq>(all: &[T], x: &T) -> u32 {
 /// A collective node as words every rank can compare and print.
 fn describe(n: &Node) -> [u32; WORDS] {
     let attr = match n.op {
-        Op::AllReduce(op) | Op::ReduceScatter(op) | Op::AllReduceCoalesced(op) => {
-            index(&ReduceOp::ALL, &op)
-        }
+        Op::AllReduce(op)
+        | Op::ReduceScatter(op)
+        | Op::AllReduceCoalesced(op)
+        | Op::ReduceScatterCoalesced(op)
+        | Op::AllReduceInPlace(op) => index(&ReduceOp::ALL, &op),
         Op::Broadcast(root) => u32::try_from(root).unwrap_or(NONE - 1),
+        Op::Reduce(op, root) => u32::try_from(root)
+            .ok()
+            .and_then(|r| r.checked_mul(OPS))
+            .map_or(NONE - 1, |r| r.saturating_add(index(&ReduceOp::ALL, &op))),
         _ => 0,
     };
-    let len = n.len() as u64;
+    // An uneven all_to_all's lengths differ between ranks (the engine
+    // checks its counts pair by pair).
+    let len = match n.op {
+        Op::AllToAllV { .. } => 0,
+        _ => n.len() as u64,
+    };
     [
         index(&KINDS, &n.op.name()),
         index(&DType::ALL, &n.dtype),
@@ -68,12 +86,21 @@ fn text(d: &[u32]) -> String {
         .get(at(1))
         .map_or("an unknown dtype".to_string(), |t| t.to_string());
     let len = (at(3) as u64) << 32 | at(2) as u64;
+    let op = |i: usize| {
+        ReduceOp::ALL
+            .get(i)
+            .map_or(String::new(), |op| format!(", {}", op.name()))
+    };
+    let ops = OPS as usize;
     let attr = match kind {
         "broadcast" => format!(", root {}", at(4)),
-        "all_reduce" | "reduce_scatter" | "all_reduce_coalesced" => ReduceOp::ALL
-            .get(at(4))
-            .map_or(String::new(), |op| format!(", {}", op.name())),
-        _ => String::new(),
+        "reduce" => format!(
+            "{}, root {}",
+            op(at(4).checked_rem(ops).unwrap_or(0)),
+            at(4).checked_div(ops).unwrap_or(0)
+        ),
+        "all_gather" | "all_gather_coalesced" | "all_to_all" => String::new(),
+        _ => op(at(4)),
     };
     format!("{kind}({dtype}, {len} elements{attr}, {} tensors)", at(5))
 }

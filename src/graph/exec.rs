@@ -307,14 +307,21 @@ pub fn execute(
 }
 
 fn issue(comm: &Communicator, n: &Node, args: &[Tensor]) -> Result<Work> {
-    let x = &args[0];
+    let Some(x) = args.first() else {
+        return Err(missing(comm.rank(), format!("%{} has no input", n.id)));
+    };
     match n.op {
         Op::AllReduce(op) => comm.all_reduce(x, op),
         Op::AllGather => comm.all_gather(x),
         Op::ReduceScatter(op) => comm.reduce_scatter(x, op),
         Op::Broadcast(root) => comm.broadcast(x, root),
         Op::AllToAll => comm.all_to_all(x, None, None),
+        Op::AllToAllV { ref send, ref recv } => comm.all_to_all(x, Some(send), Some(recv)),
+        Op::Reduce(op, root) => comm.reduce(x, op, root),
+        Op::AllReduceInPlace(op) => comm.all_reduce_in_place(x, op),
         Op::AllReduceCoalesced(op) => comm.all_reduce_coalesced(args, op),
+        Op::AllGatherCoalesced => comm.all_gather_coalesced(args),
+        Op::ReduceScatterCoalesced(op) => comm.reduce_scatter_coalesced(args, op),
         _ => Err(missing(comm.rank(), format!("%{} is no collective", n.id))),
     }
 }

@@ -62,8 +62,27 @@ pub enum Op {
     Broadcast(usize),
     /// Functional all_to_all with equal splits.
     AllToAll,
+    /// Functional all_to_all with this rank's counts (they differ between
+    /// ranks: what a sends b is what b receives from a).
+    AllToAllV {
+        /// Elements sent to each rank.
+        send: Vec<usize>,
+        /// Elements received from each rank.
+        recv: Vec<usize>,
+    },
+    /// Functional reduce to a root (elsewhere the value is what
+    /// `Communicator::reduce` leaves there, which no one should read).
+    Reduce(ReduceOp, usize),
+    /// In-place all_reduce: reduces its input where it lies and returns
+    /// it; nothing else may read the input.
+    AllReduceInPlace(ReduceOp),
     /// One all_reduce over several tensors; its results are `Item`s.
     AllReduceCoalesced(ReduceOp),
+    /// One all_gather over several tensors (each gathered as alone); its
+    /// results are `Item`s.
+    AllGatherCoalesced,
+    /// One reduce_scatter over several tensors; its results are `Item`s.
+    ReduceScatterCoalesced(ReduceOp),
     /// Result `i` of a coalesced collective.
     Item(usize),
     /// Makes a collective's result ready; mutates (and returns) its input.
@@ -91,8 +110,12 @@ impl Op {
             Op::AllGather => "all_gather",
             Op::ReduceScatter(_) => "reduce_scatter",
             Op::Broadcast(_) => "broadcast",
-            Op::AllToAll => "all_to_all",
+            Op::AllToAll | Op::AllToAllV { .. } => "all_to_all",
+            Op::Reduce(..) => "reduce",
+            Op::AllReduceInPlace(_) => "all_reduce_",
             Op::AllReduceCoalesced(_) => "all_reduce_coalesced",
+            Op::AllGatherCoalesced => "all_gather_coalesced",
+            Op::ReduceScatterCoalesced(_) => "reduce_scatter_coalesced",
             Op::Item(_) => "getitem",
             Op::WaitTensor => "wait_tensor",
         }
@@ -107,7 +130,18 @@ impl Op {
                 | Op::ReduceScatter(_)
                 | Op::Broadcast(_)
                 | Op::AllToAll
-                | Op::AllReduceCoalesced(_)
+                | Op::AllToAllV { .. }
+                | Op::Reduce(..)
+                | Op::AllReduceInPlace(_)
+        ) || self.is_coalesced()
+    }
+
+    /// Whether the op is a collective over several tensors, whose results
+    /// are read through `Item`s.
+    pub fn is_coalesced(&self) -> bool {
+        matches!(
+            self,
+            Op::AllReduceCoalesced(_) | Op::AllGatherCoalesced | Op::ReduceScatterCoalesced(_)
         )
     }
 
@@ -120,10 +154,14 @@ impl Op {
             } => format!("transpose_a={transpose_a}, transpose_b={transpose_b}"),
             Op::Scale(s) => format!("{s:?}"),
             Op::Split { parts, index } => format!("parts={parts}, index={index}"),
-            Op::AllReduce(r) | Op::ReduceScatter(r) | Op::AllReduceCoalesced(r) => {
-                format!("{:?}", r.name())
-            }
+            Op::AllReduce(r)
+            | Op::ReduceScatter(r)
+            | Op::AllReduceCoalesced(r)
+            | Op::ReduceScatterCoalesced(r)
+            | Op::AllReduceInPlace(r) => format!("{:?}", r.name()),
             Op::Broadcast(root) => format!("root={root}"),
+            Op::Reduce(r, root) => format!("{:?}, root={root}", r.name()),
+            Op::AllToAllV { send, recv } => format!("send={send:?}, recv={recv:?}"),
             Op::Item(i) => i.to_string(),
             _ => return None,
         })

@@ -65,8 +65,21 @@ pub fn schema(op: &Op) -> &'static str {
         Op::AllToAll => {
             "_c10d_functional::all_to_all_single(Tensor input, int[]? output_split_sizes, int[]? input_split_sizes, str group_name) -> Tensor"
         }
+        Op::AllToAllV { .. } => {
+            "_c10d_functional::all_to_all_single(Tensor input, int[]? output_split_sizes, int[]? input_split_sizes, str group_name) -> Tensor"
+        }
+        Op::Reduce(..) => "reduce(Tensor input, str reduce_op, int dst, str group_name) -> Tensor",
+        Op::AllReduceInPlace(_) => {
+            "_c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)"
+        }
         Op::AllReduceCoalesced(_) => {
             "_c10d_functional::all_reduce_coalesced(Tensor[] inputs, str reduce_op, str group_name) -> Tensor[]"
+        }
+        Op::AllGatherCoalesced => {
+            "_c10d_functional::all_gather_into_tensor_coalesced(Tensor[] inputs, int group_size, str group_name) -> Tensor[]"
+        }
+        Op::ReduceScatterCoalesced(_) => {
+            "_c10d_functional::reduce_scatter_tensor_coalesced(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor[]"
         }
         Op::Item(_) => "getitem(Tensor[] self, int index) -> Tensor",
         Op::WaitTensor => "_c10d_functional::wait_tensor(Tensor(a!) tensor) -> Tensor(a!)",

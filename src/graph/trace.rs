@@ -183,6 +183,31 @@ impl Tracer {
         self.collective(Op::AllToAll, vec![a], dtype, shape)
     }
 
+    /// all_to_all with this rank's counts (`send[j]` elements to rank j,
+    /// `recv[j]` from it); the result has `sum(recv)` elements.
+    pub fn all_to_all_uneven(&mut self, a: NodeId, send: &[usize], recv: &[usize]) -> NodeId {
+        let (dtype, _) = self.shape(a);
+        let len = recv.iter().fold(0usize, |s, &c| s.saturating_add(c));
+        let op = Op::AllToAllV {
+            send: send.to_vec(),
+            recv: recv.to_vec(),
+        };
+        self.collective(op, vec![a], dtype, vec![len])
+    }
+
+    /// reduce to `root` (elsewhere the rank's partial result).
+    pub fn reduce(&mut self, a: NodeId, op: ReduceOp, root: usize) -> NodeId {
+        let (dtype, shape) = self.shape(a);
+        self.collective(Op::Reduce(op, root), vec![a], dtype, shape)
+    }
+
+    /// In-place all_reduce (`all_reduce_`): `a` is reduced where it lies;
+    /// use the returned value, never `a`, afterwards.
+    pub fn all_reduce_(&mut self, a: NodeId, op: ReduceOp) -> NodeId {
+        let (dtype, shape) = self.shape(a);
+        self.collective(Op::AllReduceInPlace(op), vec![a], dtype, shape)
+    }
+
     /// The graph's outputs; returns the finished graph.
     pub fn finish(mut self, outputs: &[NodeId]) -> Graph {
         self.push(Op::Output, outputs.to_vec(), DType::F32, Vec::new());

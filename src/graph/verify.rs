@@ -7,7 +7,8 @@ use super::ir::{Graph, NodeId, Op};
 /// Checks that: ids are unique; the order is topological; each collective
 /// result (a single-result collective, or each `getitem` of a coalesced
 /// one) has exactly one `wait_tensor` and no other user; every wait waits
-/// on a collective result; collectives keep their traced relative order.
+/// on a collective result; nothing but an in-place collective reads the
+/// input it overwrites; collectives keep their traced relative order.
 /// A failure names the nodes.
 pub fn verify(g: &Graph) -> Result<(), String> {
     let mut seen: HashMap<NodeId, usize> = HashMap::new();
@@ -26,7 +27,7 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     }
     let is_result = |id: NodeId| -> bool {
         g.node(id).is_some_and(|n| match n.op {
-            Op::AllReduceCoalesced(_) => false,
+            ref o if o.is_coalesced() => false,
             Op::Item(_) => n
                 .args
                 .first()
@@ -64,7 +65,16 @@ pub fn verify(g: &Graph) -> Result<(), String> {
                 n.id
             ));
         }
-        if let Op::AllReduceCoalesced(_) = n.op {
+        if let Op::AllReduceInPlace(_) = n.op {
+            let input = n.args.first().copied().unwrap_or(usize::MAX);
+            if let Some(u) = g.users(input).into_iter().find(|&u| u != n.id) {
+                return Err(format!(
+                    "%{u} reads %{input}, which the in-place %{} overwrites",
+                    n.id
+                ));
+            }
+        }
+        if n.op.is_coalesced() {
             if let Some(u) = g
                 .users(n.id)
                 .iter()

@@ -1,6 +1,8 @@
-//! Bucketing, as DDP does with gradients: runs of consecutive all_reduces
+//! Bucketing, as DDP does with gradients and FSDP with parameter shards:
+//! runs of consecutive all_reduces (or all_gathers, or reduce_scatters)
 //! with the same op and dtype, up to a byte cap, become one coalesced
-//! all_reduce (one ring pass instead of one per tensor).
+//! collective (one launch instead of one per tensor, each tensor still
+//! reduced or gathered as alone, so the bits do not change).
 //!
 //! Every rank must bucket alike, or ranks issue different collectives. So
 //! the decision reads only what every rank of an SPMD program shares, as
@@ -17,7 +19,6 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{GraphCost, ancestors, move_to};
-use crate::ReduceOp;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
 
 /// DDP's default `bucket_cap_mb`: 25 MiB.
@@ -30,14 +31,24 @@ fn wait_of(g: &Graph, id: NodeId) -> Option<NodeId> {
 }
 
 /// Whether `b` may join a bucket whose members are `bucket`.
-fn joins(g: &Graph, bucket: &[NodeId], b: &Node, op: ReduceOp, bytes: usize, cap: usize) -> bool {
-    if b.op != Op::AllReduce(op) || bytes.saturating_add(b.bytes()) > cap {
-        return false;
-    }
+/// The coalesced collective that bucketing turns runs of `op` into.
+fn coalesced(op: &Op) -> Option<Op> {
+    Some(match op {
+        Op::AllReduce(r) => Op::AllReduceCoalesced(*r),
+        Op::AllGather => Op::AllGatherCoalesced,
+        Op::ReduceScatter(r) => Op::ReduceScatterCoalesced(*r),
+        _ => return None,
+    })
+}
+
+/// Whether `b` may join a bucket whose members are `bucket`: the same
+/// collective (kind and operator) and dtype, within the cap, and not
+/// needing an earlier member's result.
+fn joins(g: &Graph, bucket: &[NodeId], b: &Node, bytes: usize, cap: usize) -> bool {
     let Some(first) = bucket.first().and_then(|&m| g.node(m)) else {
         return false;
     };
-    if b.dtype != first.dtype {
+    if b.op != first.op || b.dtype != first.dtype || bytes.saturating_add(b.bytes()) > cap {
         return false;
     }
     let needs = ancestors(g, b.id);
@@ -47,19 +58,23 @@ fn joins(g: &Graph, bucket: &[NodeId], b: &Node, op: ReduceOp, bytes: usize, cap
     })
 }
 
-/// `g` with adjacent compatible all_reduces merged, up to `cap` bytes a bucket.
+/// `g` with adjacent compatible all_reduces, all_gathers and
+/// reduce_scatters merged, up to `cap` bytes a bucket.
 pub fn bucket_all_reduces(g: Graph, cap: usize) -> Graph {
     bucket(g, cap, None).after("bucket_all_reduces")
 }
 
-/// Like [`bucket_all_reduces`], and a member joins only if waiting for it
-/// costs the bucket's first member no more than the merge saves (one
-/// collective's fixed cost, under `cost`). When it will be ready is
-/// estimated from the compute it depends on alone (the sum of their
-/// estimated times: one rank's compute runs one op at a time), which is
-/// the same on every rank. So gradients that backward makes far apart are
-/// all-reduced apart, each overlapping the backward that follows, as
-/// DDP's small first bucket intends; those made together still merge.
+/// Like [`bucket_all_reduces`], and a member joins only if what it costs
+/// the bucket's earlier members is no more than the merge saves (one
+/// collective's fixed cost, under `cost`): they start when it is ready and
+/// end after its bytes have moved too. When it will be ready is estimated
+/// from the compute it depends on alone (the sum of their estimated
+/// times: one rank's compute runs one op at a time), which is the same on
+/// every rank. So gradients that backward makes far apart are all-reduced
+/// apart, each overlapping the backward that follows, as DDP's small
+/// first bucket intends; FSDP's large parameter shards are gathered one by
+/// one, the next while this layer computes; small tensors made together
+/// still merge.
 pub fn bucket_by_cost(g: Graph, cap: usize, cost: &GraphCost) -> Graph {
     bucket(g, cap, Some(cost)).after("bucket_by_cost")
 }
@@ -89,17 +104,10 @@ fn bucket(mut g: Graph, cap: usize, cost: Option<&GraphCost>) -> Graph {
         };
         let open = buckets
             .last()
-            .filter(|b| matches!(g.node(b[0]).map(|n| &n.op), Some(Op::AllReduce(_))));
-        let fits = match (
-            open,
-            &node.op,
-            open.and_then(|b| g.node(b[0])).map(|n| n.op.clone()),
-        ) {
-            (Some(b), _, Some(Op::AllReduce(op))) => {
-                joins(&g, b, &node, op, bytes, cap) && cost.is_none_or(|k| soon(&g, k, b, &node))
-            }
-            _ => false,
-        };
+            .filter(|b| g.node(b[0]).is_some_and(|n| coalesced(&n.op).is_some()));
+        let fits = open.is_some_and(|b| {
+            joins(&g, b, &node, bytes, cap) && cost.is_none_or(|k| soon(&g, k, b, &node))
+        });
         if fits {
             bytes = bytes.saturating_add(node.bytes());
             if let Some(b) = buckets.last_mut() {
@@ -117,14 +125,16 @@ fn bucket(mut g: Graph, cap: usize, cost: Option<&GraphCost>) -> Graph {
     g
 }
 
-/// Whether `b` is ready soon enough after the bucket's first member that
-/// waiting for it costs less than the collective the merge saves.
+/// Whether waiting for `b` and moving its bytes costs the bucket's earlier
+/// members less than the collective the merge saves.
 fn soon(g: &Graph, cost: &GraphCost, bucket: &[NodeId], b: &Node) -> bool {
     let Some(&first) = bucket.first() else {
         return false;
     };
+    let fixed = cost.fixed(&b.op);
     let delay = ready_at(g, cost, b.id).saturating_sub(ready_at(g, cost, first));
-    delay <= cost.comm.ring_all_reduce(cost.ranks, 0)
+    let bytes = cost.of(g, b).saturating_sub(fixed);
+    delay.saturating_add(bytes) <= fixed
 }
 
 /// Reorders `g` so that every node comes after its arguments, moving as
@@ -161,14 +171,16 @@ fn restore_dependencies(g: &mut Graph) {
     g.nodes = order;
 }
 
-/// Replaces the members (all_reduces with one op and dtype) by one
-/// coalesced all_reduce at the last member's place; each member becomes a
-/// `getitem` of it (keeping its id, so its wait is unchanged).
+/// Replaces the members (one collective, op and dtype) by one coalesced
+/// collective at the last member's place; each member becomes a `getitem`
+/// of it (keeping its id, so its wait is unchanged).
 fn merge(g: &mut Graph, members: &[NodeId]) {
     let Some(first) = members.first().and_then(|&m| g.node(m)).cloned() else {
         return;
     };
-    let Op::AllReduce(op) = first.op else { return };
+    let Some(op) = coalesced(&first.op) else {
+        return;
+    };
     let inputs: Vec<NodeId> = members
         .iter()
         .filter_map(|&m| g.node(m))
@@ -186,7 +198,7 @@ fn merge(g: &mut Graph, members: &[NodeId]) {
         at,
         Node {
             id,
-            op: Op::AllReduceCoalesced(op),
+            op,
             args: inputs,
             dtype: first.dtype,
             shape: vec![total],

@@ -56,10 +56,17 @@ impl GraphCost {
                 });
                 secs(2.0 * n.len() as f64 * k as f64 / self.flops)
             }
-            Op::AllReduce(_) | Op::AllReduceCoalesced(_) => {
+            Op::AllReduce(_) | Op::AllReduceCoalesced(_) | Op::AllReduceInPlace(_) => {
                 self.comm.ring_all_reduce(self.ranks, arg_bytes)
             }
-            Op::AllGather | Op::ReduceScatter(_) | Op::AllToAll | Op::Broadcast(_) => {
+            Op::AllGather
+            | Op::ReduceScatter(_)
+            | Op::AllToAll
+            | Op::AllToAllV { .. }
+            | Op::Broadcast(_)
+            | Op::Reduce(..)
+            | Op::AllGatherCoalesced
+            | Op::ReduceScatterCoalesced(_) => {
                 // n-1 hops of a rank's share.
                 let share = arg_bytes.max(n.bytes()) as f64 / self.ranks.max(1) as f64;
                 let hop = self.comm.alpha.as_secs_f64() + share / self.comm.beta;
@@ -69,6 +76,21 @@ impl GraphCost {
                 Duration::ZERO
             }
             _ => secs(arg_bytes.saturating_add(n.bytes()) as f64 / self.bytes),
+        }
+    }
+}
+
+impl GraphCost {
+    /// What a collective of kind `op` costs whatever its size: its hops'
+    /// latency (zero for compute).
+    pub fn fixed(&self, op: &Op) -> Duration {
+        let hops = self.ranks.saturating_sub(1) as u32;
+        match op {
+            Op::AllReduce(_) | Op::AllReduceCoalesced(_) | Op::AllReduceInPlace(_) => {
+                self.comm.ring_all_reduce(self.ranks, 0)
+            }
+            o if o.is_collective() => self.comm.alpha.saturating_mul(hops),
+            _ => Duration::ZERO,
         }
     }
 }
