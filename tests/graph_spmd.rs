@@ -345,3 +345,127 @@ fn verify_refuses_a_read_of_what_an_in_place_collective_overwrites() {
     let e = verify(&t.finish(&[stale])).expect_err("a stale read");
     assert!(e.contains("overwrites"), "{e}");
 }
+
+/// Four layers, each gathering its weights (64 x 64 f32, 16 KiB) just
+/// before use and dropping them after: one gathered weight live at a time.
+fn gathered_layers() -> Graph {
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[1, 64]);
+    let outs: Vec<usize> = (0..4)
+        .map(|l| {
+            let shard = t.input(&format!("w{l}"), DType::F32, &[16, 64]);
+            let w = t.all_gather(shard, 4);
+            t.matmul(x, w, false, false)
+        })
+        .collect();
+    t.finish(&outs)
+}
+
+#[test]
+fn peak_memory_is_estimated_from_tensor_sizes() {
+    use wgpu_collectives::graph::passes::peak_bytes;
+    let g = gathered_layers();
+    // As traced, one gathered weight (16 KiB) is live at a time; reordered
+    // to prefetch every gather at once, all four are.
+    let traced = peak_bytes(&g);
+    let all_at_once = peak_bytes(&reorder_for_overlap(g.clone(), &cost()));
+    assert!(
+        all_at_once > traced + 2 * 16384,
+        "prefetching every gather holds four weights: {all_at_once} vs {traced}"
+    );
+}
+
+#[test]
+fn reordering_within_a_bound_prefetches_only_what_fits() {
+    use wgpu_collectives::graph::passes::{peak_bytes, reorder_for_overlap_within};
+    let g = gathered_layers();
+    let bound = peak_bytes(&g) + 16384; // room for one gather ahead
+    let within = reorder_for_overlap_within(g.clone(), &cost(), bound);
+    verify(&within).unwrap_or_else(|e| panic!("{e}\n{}", within.print()));
+    assert!(peak_bytes(&within) <= bound, "{}", within.print());
+    // One gather ahead: layer l + 1's gather is issued before layer l's matmul.
+    let pos = within.positions();
+    let gathers: Vec<usize> = within.collectives().map(|n| n.id).collect();
+    let matmuls: Vec<usize> = within
+        .nodes
+        .iter()
+        .filter(|n| n.op.name() == "matmul")
+        .map(|n| n.id)
+        .collect();
+    for l in 0..3 {
+        assert!(
+            pos[&gathers[l + 1]] < pos[&matmuls[l]],
+            "layer {l}: the next gather is not prefetched:\n{}",
+            within.print()
+        );
+    }
+    assert!(
+        pos[&matmuls[0]] < pos[&gathers[2]],
+        "more than one gather ahead:\n{}",
+        within.print()
+    );
+    // A bound below the traced order's own peak keeps the graph as it was.
+    let kept = reorder_for_overlap_within(g.clone(), &cost(), 0);
+    assert_eq!(kept.nodes, g.nodes);
+}
+
+/// The cost model refit to measurements: collectives whose fixed part took
+/// twice and per-byte part three times the estimate come out with twice
+/// the latency and a third of the bandwidth, on every rank alike.
+#[test]
+fn a_refit_scales_the_model_to_what_ran_on_every_rank() {
+    use std::time::Duration;
+    use wgpu_collectives::graph::calibrate::{Calibration, Sample, What, refit};
+    let base = cost();
+    let sample = |node, fixed_us: u64, rest_us: u64| Sample {
+        node,
+        what: What::Collective,
+        fixed: Duration::from_micros(fixed_us),
+        predicted: Duration::from_micros(fixed_us + rest_us),
+        measured: Duration::from_micros(2 * fixed_us + 3 * rest_us),
+    };
+    let samples = vec![
+        sample(1, 600, 100),
+        sample(2, 600, 2000),
+        sample(3, 300, 50),
+    ];
+    let c = Calibration::of(&samples);
+    let off = c.collectives.expect("collective samples");
+    assert!(off > 0.5 && off < 2.0, "{off}");
+    let w = world(2);
+    let fits = w.run(|comm| refit(comm, &samples, &base)).expect("run");
+    let fits: Vec<_> = fits.into_iter().map(|f| f.expect("refit")).collect();
+    assert_eq!(fits[0], fits[1], "every rank gets the same figures");
+    let f = fits[0];
+    let ratio = f.comm.alpha.as_secs_f64() / base.comm.alpha.as_secs_f64();
+    assert!((ratio - 2.0).abs() < 1e-3, "latency x{ratio}");
+    let ratio = base.comm.beta / f.comm.beta;
+    assert!((ratio - 3.0).abs() < 1e-3, "bandwidth / {ratio}");
+    assert_eq!(
+        (f.flops, f.bytes),
+        (base.flops, base.bytes),
+        "no compute samples"
+    );
+}
+
+/// A run's timeline gives a sample for each compute op and for each
+/// collective whose wait blocked (as every eager wait does).
+#[test]
+fn a_timeline_gives_samples_of_compute_and_blocked_collectives() {
+    use wgpu_collectives::graph::calibrate::{What, samples};
+    let w = world(2);
+    let got = w
+        .run(|c| -> Result<(usize, usize), Error> {
+            let g = two_gradients(false);
+            let run = execute(&g, c, &[("x", c.tensor(&[1.0f32; LEN])?)], true)?;
+            let s = samples(&g, &run, &cost());
+            let colls = s.iter().filter(|s| s.what == What::Collective).count();
+            Ok((s.len() - colls, colls))
+        })
+        .expect("run");
+    for r in got {
+        let (compute, colls) = r.expect("rank");
+        assert_eq!(compute, 2, "two scales");
+        assert!(colls <= 2, "at most the two all_reduces");
+    }
+}

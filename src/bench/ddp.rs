@@ -2,8 +2,9 @@
 //! ranks, per schedule: per-step times and loss, then medians and the
 //! ideal max(compute, comm).
 
-use super::ddp_train::{Mlp, RankRun, Schedule, StepStats, train};
+use super::ddp_train::{Mlp, RankRun, Schedule, StepStats, default_cost, refit, train_with};
 use clap::{Parser, ValueEnum};
+use wgpu_collectives::graph::calibrate::Calibration;
 use wgpu_collectives::graph::chrome_trace;
 use wgpu_collectives::{World, WorldConfig};
 
@@ -58,6 +59,26 @@ pub struct DdpArgs {
     /// Draw that timeline as an SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<String>,
+    /// Refit the cost model to the first schedule's last step (every rank
+    /// agrees on the figures) and schedule the others with it.
+    #[arg(long)]
+    pub refit: bool,
+}
+
+/// Prints how far the cost model's estimates were from the last step's
+/// measurements (rank 0's).
+fn calibration(runs: &[RankRun]) {
+    let Some(run) = runs.first() else { return };
+    let c = Calibration::of(&run.samples);
+    let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0));
+    println!(
+        "# calibration (rank 0, last step; median |estimated - measured| / measured): \
+         collectives {} (estimated {:.2} ms, measured {:.2} ms in all), compute {}",
+        pct(c.collectives),
+        c.collective_totals.0.as_secs_f64() * 1e3,
+        c.collective_totals.1.as_secs_f64() * 1e3,
+        pct(c.compute)
+    );
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -108,8 +129,9 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut summary = Vec::new();
     let mut last = None;
-    for (s, name) in schedules {
-        let runs = train(&world, &m, a.steps, s, false)?;
+    let mut cost = default_cost(&world);
+    for (i, (s, name)) in schedules.into_iter().enumerate() {
+        let runs = train_with(&world, &m, a.steps, s, false, &cost)?;
         println!(
             "#\n# schedule {name}\n# {:>4} {:>10} {:>12} {:>10} {:>12} {:>12}",
             "step", "time(ms)", "compute(ms)", "comm(ms)", "exposed(ms)", "loss"
@@ -127,6 +149,19 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         summary.push((name, median(t), median(c), median(k), median(e)));
+        calibration(&runs);
+        if a.refit && i == 0 {
+            cost = refit(&world, &runs, &cost)?;
+            println!(
+                "# cost model refit to this schedule: hop {:.1} us + {:.3} GB/s, \
+                 dispatch {:.1} us, matmul {:.2} GFLOP/s, element-wise {:.2} GB/s",
+                cost.comm.alpha.as_secs_f64() * 1e6,
+                cost.comm.beta / 1e9,
+                cost.comm.dispatch.as_secs_f64() * 1e6,
+                cost.flops / 1e9,
+                cost.bytes / 1e9
+            );
+        }
         last = Some(runs);
     }
     // The eager schedule overlaps nothing, so its in-flight time is what

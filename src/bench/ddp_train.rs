@@ -17,6 +17,7 @@ use std::time::Instant;
 use wgpu_collectives::Communicator;
 use wgpu_collectives::ReduceOp;
 use wgpu_collectives::World;
+use wgpu_collectives::graph::calibrate::{self, Sample};
 use wgpu_collectives::graph::exec::{Event, Lane, execute};
 use wgpu_collectives::graph::passes::{
     GraphCost, bucket_by_cost, dce, reorder_for_overlap, sink_waits,
@@ -94,6 +95,8 @@ pub struct RankRun {
     pub weight_bits: Vec<Vec<u32>>,
     /// The last step's timeline.
     pub timeline: Vec<Event>,
+    /// The last step's estimates and measurements (for calibration).
+    pub samples: Vec<Sample>,
 }
 
 fn unit(seed: u64, i: usize) -> f32 {
@@ -218,6 +221,7 @@ fn rank_steps(
     steps: usize,
     keep_bits: bool,
     sharded: bool,
+    cost: &GraphCost,
 ) -> Result<RankRun> {
     let (n, r) = (c.size(), c.rank());
     let b = m.batch / n;
@@ -239,6 +243,7 @@ fn rank_steps(
         steps: Vec::new(),
         weight_bits: Vec::new(),
         timeline: Vec::new(),
+        samples: Vec::new(),
     };
     let (x, y) = m.data();
     // Progress for a person watching (rank 0, on a terminal only).
@@ -293,19 +298,58 @@ fn rank_steps(
             }
             run.weight_bits.push(bits);
         }
+        run.samples = calibrate::samples(g, &out, cost);
         run.timeline = out.timeline;
     }
     Ok(run)
 }
 
+/// The cost model the schedules start from: the world's hop model (rank
+/// 0's measurement, which every rank has), and nominal compute rates.
+pub fn default_cost(world: &World) -> GraphCost {
+    GraphCost {
+        comm: world.cost_model(),
+        ranks: world.size(),
+        flops: 1e10,
+        bytes: 1e10,
+    }
+}
+
+/// `cost` refit to what `runs` measured (collective: every rank fits its
+/// own samples and the ranks agree on the average).
+pub fn refit(world: &World, runs: &[RankRun], cost: &GraphCost) -> Result<GraphCost> {
+    let fits = world.run(|c| {
+        let none = Vec::new();
+        let samples = runs.get(c.rank()).map_or(&none, |r| &r.samples);
+        calibrate::refit(c, samples, cost)
+    })?;
+    fits.into_iter().next().unwrap_or(Ok(*cost))
+}
+
 /// Trains for `steps` steps on every rank of `world`; one result per rank.
 /// With `keep_bits`, every step's weights are kept (for checks; costly).
+#[allow(
+    dead_code,
+    reason = "the tests' entry point; the binary schedules with train_with"
+)]
 pub fn train(
     world: &World,
     m: &Mlp,
     steps: usize,
     schedule: Schedule,
     keep_bits: bool,
+) -> Result<Vec<RankRun>> {
+    train_with(world, m, steps, schedule, keep_bits, &default_cost(world))
+}
+
+/// [`train`], scheduling with `cost`.
+pub fn train_with(
+    world: &World,
+    m: &Mlp,
+    steps: usize,
+    schedule: Schedule,
+    keep_bits: bool,
+    cost: &GraphCost,
 ) -> Result<Vec<RankRun>> {
     let n = world.size();
     let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|v| u32::try_from(v).is_ok());
@@ -337,16 +381,10 @@ pub fn train(
             ),
         });
     }
-    let cost = GraphCost {
-        comm: world.cost_model(),
-        ranks: n,
-        flops: 1e10,
-        bytes: 1e10,
-    };
     let sharded = schedule.sharded();
-    let g = scheduled(m.step_graph(n, sharded), schedule, &cost, m.bucket_bytes)?;
+    let g = scheduled(m.step_graph(n, sharded), schedule, cost, m.bucket_bytes)?;
     world
-        .run(|c| rank_steps(c, m, &g, steps, keep_bits, sharded))?
+        .run(|c| rank_steps(c, m, &g, steps, keep_bits, sharded, cost))?
         .into_iter()
         .collect()
 }

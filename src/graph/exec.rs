@@ -30,6 +30,12 @@ pub enum Lane {
 pub struct Event {
     /// The node, as the printer names it (`%4 all_reduce`).
     pub name: String,
+    /// The node's id (the collective's, for a communication span).
+    pub node: NodeId,
+    /// For a communication span, how long its wait blocked at its end:
+    /// when more than zero, the span ends when the collective did, so it
+    /// is the collective's own duration (what calibration uses).
+    pub blocked_us: f64,
     /// Compute or communication.
     pub lane: Lane,
     /// Start.
@@ -55,6 +61,7 @@ struct Pending {
     results: Option<Vec<Tensor>>,
     issued: f64,
     name: String,
+    node: NodeId,
 }
 
 #[derive(Clone)]
@@ -222,6 +229,7 @@ pub fn execute(
                     results: None,
                     issued: t0,
                     name: format!("%{} {}", n.id, n.op.name()),
+                    node: n.id,
                 };
                 Some(Value::Pending(Rc::new(RefCell::new(p)), 0))
             }
@@ -253,12 +261,16 @@ pub fn execute(
                         .work
                         .take()
                         .ok_or_else(|| missing(rank, format!("%{} waited twice", n.id)))?;
+                    let finished = work.is_completed();
                     let blocked = now();
                     p.results = Some(work.wait_all()?);
-                    exposed_us += now() - blocked;
+                    let end = now();
+                    exposed_us += end - blocked;
                     if timeline {
                         events.push(Event {
                             name: p.name.clone(),
+                            node: p.node,
+                            blocked_us: if finished { 0.0 } else { end - blocked },
                             lane: Lane::Comm,
                             start_us: p.issued,
                             end_us: now(),
@@ -290,6 +302,8 @@ pub fn execute(
             comm.synchronize()?;
             events.push(Event {
                 name: format!("%{} {}", n.id, n.op.name()),
+                node: n.id,
+                blocked_us: 0.0,
                 lane: Lane::Compute,
                 start_us: t0,
                 end_us: now(),

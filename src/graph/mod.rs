@@ -19,11 +19,13 @@
 //! - `eager`: async tensors and eager compute ops, for code outside graphs.
 //! - `exec`: runs a graph on a rank (kernels, async collectives, waits), with a timeline.
 //! - `agree`: ranks check that their graphs issue the same collectives before one runs.
+//! - `calibrate`: the cost model's estimates against a run's timeline, and a collective refit.
 //! - `compute`: the compute ops' kernels, on the crate's public API only.
 //! - `passes`: `dce`, `sink_waits`, `raise_comms`, `reorder_for_overlap`,
 //!   `bucket_all_reduces`.
 
 mod agree;
+pub mod calibrate;
 mod compute;
 pub mod eager;
 pub mod exec;

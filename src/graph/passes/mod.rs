@@ -4,14 +4,16 @@
 
 mod bucket;
 mod dce;
+mod memory;
 mod raise;
 mod reorder;
 mod sink;
 
 pub use bucket::{DEFAULT_BUCKET_BYTES, bucket_all_reduces, bucket_by_cost};
 pub use dce::dce;
+pub use memory::{peak_bytes, within};
 pub use raise::raise_comms;
-pub use reorder::{GraphCost, reorder_for_overlap};
+pub use reorder::{GraphCost, reorder_for_overlap, reorder_for_overlap_within};
 pub use sink::sink_waits;
 
 use std::collections::HashSet;

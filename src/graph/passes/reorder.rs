@@ -21,6 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use super::memory::Liveness;
 use crate::CostModel;
 use crate::graph::ir::{Graph, Node, NodeId, Op};
 
@@ -97,6 +98,20 @@ impl GraphCost {
 
 /// `g` reordered so that compute covers each collective's estimated time.
 pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
+    schedule(g, cost, usize::MAX).after("reorder_for_overlap")
+}
+
+/// [`reorder_for_overlap`] keeping the estimated peak memory (see
+/// [`peak_bytes`](super::peak_bytes)) at most `bound` bytes, or `g`'s own
+/// peak if that is higher: a collective is issued early only while its
+/// output fits under the bound, and should the schedule still end above
+/// it, `g` is kept as it was.
+pub fn reorder_for_overlap_within(g: Graph, cost: &GraphCost, bound: usize) -> Graph {
+    super::within(bound, g, |g| schedule(g, cost, bound)).after("reorder_for_overlap_within")
+}
+
+fn schedule(g: Graph, cost: &GraphCost, bound: usize) -> Graph {
+    let mut memory = Liveness::new(&g);
     let order: HashMap<NodeId, usize> = g.positions();
     let mut done: HashSet<NodeId> = HashSet::new();
     let mut out = Vec::with_capacity(g.nodes.len());
@@ -148,9 +163,10 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
             .iter()
             .filter(|n| n.op == Op::WaitTensor && !done.contains(&n.id))
             .any(|n| ends(n).is_some_and(|end| end > now));
+        let fits = |n: &Node| memory.live.saturating_add(memory.allocates(n)) <= bound;
         let pick = ready
             .iter()
-            .find(|n| n.op.is_collective() && n.seq == next_seq)
+            .find(|n| n.op.is_collective() && n.seq == next_seq && fits(n))
             .or_else(|| {
                 ready
                     .iter()
@@ -161,9 +177,9 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
                 ready
                     .iter()
                     .filter(compute)
-                    .find(|n| needed.contains(&n.id))
+                    .find(|n| needed.contains(&n.id) && fits(n))
             })
-            .or_else(|| ready.iter().filter(compute).find(|_| running))
+            .or_else(|| ready.iter().filter(compute).find(|n| running && fits(n)))
             .or_else(|| {
                 ready
                     .iter()
@@ -199,12 +215,12 @@ pub fn reorder_for_overlap(g: Graph, cost: &GraphCost) -> Graph {
         } else {
             now = now.saturating_add(t);
         }
+        memory.place(n);
         done.insert(n.id);
         out.push(n.clone());
     }
     Graph {
         nodes: out,
-        passes: g.passes,
+        passes: g.passes.clone(),
     }
-    .after("reorder_for_overlap")
 }
