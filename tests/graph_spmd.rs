@@ -469,3 +469,51 @@ fn a_timeline_gives_samples_of_compute_and_blocked_collectives() {
         assert!(colls <= 2, "at most the two all_reduces");
     }
 }
+
+/// Process groups in graphs: on a 2 x 2 grid, a sum over each row then
+/// over each column is the sum over all four ranks; adjacent all_reduces
+/// on different groups are never bucketed together.
+#[test]
+fn collectives_run_on_the_process_groups_they_were_traced_on() {
+    use wgpu_collectives::graph::execute_on;
+    let mut t = Tracer::new();
+    let x = t.input("x", DType::F32, &[8]);
+    let rows = t.group(1).all_reduce(x, ReduceOp::Sum);
+    let both = t.group(2).all_reduce(rows, ReduceOp::Sum);
+    let also = t.group(2).all_reduce(x, ReduceOp::Sum);
+    let all = t.group(0).all_reduce(x, ReduceOp::Sum);
+    let g = pipeline(t.finish(&[both, all, also]));
+    assert!(g.print().contains("group=1") && g.print().contains("group=2"));
+    // The two on group 2 are bucketed; nothing across groups.
+    assert_eq!(
+        g.collectives()
+            .map(|n| (n.op.name(), n.group))
+            .collect::<Vec<_>>(),
+        [
+            ("all_reduce", 1),
+            ("all_reduce_coalesced", 2),
+            ("all_reduce", 0)
+        ],
+        "{}",
+        g.print()
+    );
+    let w = world(4);
+    let got = w
+        .run(|c| -> Result<Vec<Vec<f32>>, Error> {
+            let r = c.rank();
+            let row = c.split(Some((r / 2) as u32), r)?.expect("a row");
+            let col = c.split(Some((r % 2) as u32), r)?.expect("a column");
+            let x = c.tensor(&[r as f32 + 1.0; 8])?;
+            let run = execute_on(&g, &[c, &row, &col], &[("x", x)], false)?;
+            run.outputs.iter().map(|t| t.to_vec::<f32>()).collect()
+        })
+        .expect("run");
+    for (r, outs) in got.into_iter().enumerate() {
+        let outs = outs.expect("rank");
+        assert_eq!(outs[0], vec![10.0; 8], "rank {r}: rows then columns");
+        assert_eq!(outs[1], vec![10.0; 8], "rank {r}: everyone");
+        // The column of rank r: ranks r % 2 and r % 2 + 2.
+        let col = (r % 2 + 1 + r % 2 + 3) as f32;
+        assert_eq!(outs[2], vec![col; 8], "rank {r}: its column");
+    }
+}

@@ -15,8 +15,8 @@ use crate::graph::ir::{Graph, Node, Op};
 use crate::{Communicator, DType, Error, ReduceOp, Result};
 
 /// Words per collective in the exchanged sequence: kind, dtype, elements
-/// (two words), op or root, arguments.
-const WORDS: usize = 6;
+/// (two words), op or root, arguments, process group.
+const WORDS: usize = 7;
 
 /// A slot past the end of a rank's sequence.
 const NONE: u32 = u32::MAX;
@@ -72,6 +72,7 @@ fn describe(n: &Node) -> [u32; WORDS] {
         (len >> 32) as u32,
         attr,
         u32::try_from(n.args.len()).unwrap_or(NONE - 1),
+        u32::try_from(n.group).unwrap_or(NONE - 1),
     ]
 }
 
@@ -102,7 +103,14 @@ fn text(d: &[u32]) -> String {
         "all_gather" | "all_gather_coalesced" | "all_to_all" => String::new(),
         _ => op(at(4)),
     };
-    format!("{kind}({dtype}, {len} elements{attr}, {} tensors)", at(5))
+    let group = match at(6) {
+        0 => String::new(),
+        g => format!(", group {g}"),
+    };
+    format!(
+        "{kind}({dtype}, {len} elements{attr}, {} tensors{group})",
+        at(5)
+    )
 }
 
 /// FNV-1a over the sequence and its length.

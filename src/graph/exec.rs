@@ -90,7 +90,38 @@ pub fn execute(
     inputs: &[(&str, Tensor)],
     timeline: bool,
 ) -> Result<Run> {
+    execute_on(g, &[comm], inputs, timeline)
+}
+
+/// [`execute`] with process groups: a collective traced on group k runs
+/// on `groups[k]` (say the rank's communicator, then its row's and its
+/// column's from `split`). `groups[0]` runs the agreement and is the
+/// rank's whole group; every communicator must be this rank's, on its
+/// device.
+pub fn execute_on(
+    g: &Graph,
+    groups: &[&Communicator],
+    inputs: &[(&str, Tensor)],
+    timeline: bool,
+) -> Result<Run> {
+    let Some(&comm) = groups.first() else {
+        return Err(Error::InvalidArgument {
+            rank: None,
+            what: "execute_on needs at least one communicator".into(),
+        });
+    };
     let rank = comm.rank();
+    if let Some(n) = g.collectives().find(|n| n.group >= groups.len()) {
+        return Err(missing(
+            rank,
+            format!(
+                "%{} runs on process group {}, but {} communicators were given",
+                n.id,
+                n.group,
+                groups.len()
+            ),
+        ));
+    }
     super::agree::agree(g, comm)?;
     let start = Instant::now();
     let now = || start.elapsed().as_secs_f64() * 1e6;
@@ -217,7 +248,7 @@ pub fn execute(
             }
             op if op.is_collective() => {
                 let work = issue(
-                    comm,
+                    groups.get(n.group).copied().unwrap_or(comm),
                     n,
                     &n.args
                         .iter()

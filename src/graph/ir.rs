@@ -185,6 +185,10 @@ pub struct Node {
     /// traces the same program, so this order is the same everywhere and
     /// passes must keep it.
     pub seq: Option<u64>,
+    /// For collectives: the process group it runs on, an index into the
+    /// communicators the executor is given (0: the first, the whole group;
+    /// others from `split`, say the rows and the columns of a grid).
+    pub group: usize,
 }
 
 impl Node {
@@ -270,6 +274,9 @@ impl Graph {
             let mut args: Vec<String> = n.args.iter().map(|a| format!("%{a}")).collect();
             if let Some(a) = n.op.attrs() {
                 args.push(a);
+            }
+            if n.group != 0 {
+                args.push(format!("group={}", n.group));
             }
             let call = format!("{}({})", n.op.name(), args.join(", "));
             let _ = match n.op {

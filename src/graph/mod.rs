@@ -35,7 +35,7 @@ pub mod schema;
 pub mod trace;
 pub mod verify;
 
-pub use exec::{Event, Lane, Run, chrome_trace, execute};
+pub use exec::{Event, Lane, Run, chrome_trace, execute, execute_on};
 pub use ir::{Graph, Node, NodeId, Op};
 pub use schema::{Effect, effect, schema};
 pub use trace::Tracer;

@@ -12,6 +12,8 @@ use crate::ReduceOp;
 pub struct Tracer {
     graph: Graph,
     collectives: u64,
+    /// The process group collectives are traced on now.
+    group: usize,
 }
 
 impl Tracer {
@@ -22,7 +24,8 @@ impl Tracer {
 
     fn push(&mut self, op: Op, args: Vec<NodeId>, dtype: DType, shape: Vec<usize>) -> NodeId {
         let id = self.graph.nodes.len();
-        let seq = op.is_collective().then(|| {
+        let op_is_collective = op.is_collective();
+        let seq = op_is_collective.then(|| {
             let seq = self.collectives;
             self.collectives = seq.wrapping_add(1);
             seq
@@ -34,8 +37,17 @@ impl Tracer {
             dtype,
             shape,
             seq,
+            group: if op_is_collective { self.group } else { 0 },
         });
         id
+    }
+
+    /// Traces the collectives that follow on process group `group` (an
+    /// index into the communicators `execute_on` is given; 0, the default,
+    /// is the first).
+    pub fn group(&mut self, group: usize) -> &mut Tracer {
+        self.group = group;
+        self
     }
 
     fn shape(&self, id: NodeId) -> (DType, Vec<usize>) {

@@ -42,13 +42,17 @@ fn coalesced(op: &Op) -> Option<Op> {
 }
 
 /// Whether `b` may join a bucket whose members are `bucket`: the same
-/// collective (kind and operator) and dtype, within the cap, and not
+/// collective (kind and operator), dtype and process group, within the cap, and not
 /// needing an earlier member's result.
 fn joins(g: &Graph, bucket: &[NodeId], b: &Node, bytes: usize, cap: usize) -> bool {
     let Some(first) = bucket.first().and_then(|&m| g.node(m)) else {
         return false;
     };
-    if b.op != first.op || b.dtype != first.dtype || bytes.saturating_add(b.bytes()) > cap {
+    if b.op != first.op
+        || b.dtype != first.dtype
+        || b.group != first.group
+        || bytes.saturating_add(b.bytes()) > cap
+    {
         return false;
     }
     let needs = ancestors(g, b.id);
@@ -203,6 +207,7 @@ fn merge(g: &mut Graph, members: &[NodeId]) {
             dtype: first.dtype,
             shape: vec![total],
             seq: first.seq,
+            group: first.group,
         },
     );
     for (i, &m) in members.iter().enumerate() {
