@@ -248,16 +248,7 @@ fn verify_names_the_nodes_that_break_an_invariant() {
 }
 
 fn cost() -> wgpu_collectives::graph::passes::GraphCost {
-    wgpu_collectives::graph::passes::GraphCost {
-        comm: wgpu_collectives::CostModel {
-            alpha: std::time::Duration::from_micros(100),
-            beta: 1e9,
-            dispatch: std::time::Duration::from_micros(5),
-        },
-        ranks: 4,
-        flops: 1e9,
-        bytes: 1e10,
-    }
+    common::graph_cost()
 }
 
 #[test]

@@ -142,17 +142,8 @@ fn graphs_that_issue_different_collectives_fail_on_every_rank_before_any_runs() 
     assert!(!record.contains("all_reduce"), "{record}");
 }
 
-fn cost() -> GraphCost {
-    GraphCost {
-        comm: CostModel {
-            alpha: std::time::Duration::from_micros(100),
-            beta: 1e9,
-            dispatch: std::time::Duration::from_micros(5),
-        },
-        ranks: 4,
-        flops: 1e9,
-        bytes: 1e10,
-    }
+fn cost() -> wgpu_collectives::graph::passes::GraphCost {
+    common::graph_cost()
 }
 
 /// All_reduce A, four independent 64x64 matmuls, all_reduce B of a value

@@ -202,3 +202,18 @@ pub fn ops_for(dtype: DType) -> Vec<ReduceOp> {
         .filter(|op| op.supports(dtype))
         .collect()
 }
+
+/// A fixed cost model for graph passes: 100 us a hop, 1 GB/s, 4 ranks,
+/// 1 GFLOP/s, 10 GB/s (so that tests do not depend on the machine).
+pub fn graph_cost() -> wgpu_collectives::graph::passes::GraphCost {
+    wgpu_collectives::graph::passes::GraphCost {
+        comm: wgpu_collectives::CostModel {
+            alpha: std::time::Duration::from_micros(100),
+            beta: 1e9,
+            dispatch: std::time::Duration::from_micros(5),
+        },
+        ranks: 4,
+        flops: 1e9,
+        bytes: 1e10,
+    }
+}
