@@ -8,11 +8,10 @@ mod common;
 
 use common::world;
 use wgpu_collectives::graph::passes::{
-    DEFAULT_BUCKET_BYTES, GraphCost, bucket_all_reduces, dce, raise_comms, reorder_for_overlap,
-    sink_waits,
+    DEFAULT_BUCKET_BYTES, bucket_all_reduces, dce, raise_comms, reorder_for_overlap, sink_waits,
 };
 use wgpu_collectives::graph::{Graph, Tracer, execute, verify};
-use wgpu_collectives::{CostModel, DType, Error, ReduceOp};
+use wgpu_collectives::{DType, Error, ReduceOp};
 
 const LEN: usize = 256;
 
