@@ -47,9 +47,8 @@ struct Issuer {
 
 impl Issuer {
     /// Numbers `calls` with the next sequence numbers.
-    fn number(&mut self, calls: Vec<Call>) -> Vec<Item> {
+    fn number(&mut self, calls: impl Iterator<Item = Call>) -> Vec<Item> {
         calls
-            .into_iter()
             .map(|c| {
                 let counter = match &c.what {
                     Collective::Send { peer, .. } => self.sends.get_mut(*peer),
@@ -1441,17 +1440,18 @@ impl Communicator {
     }
 
     fn issue(&self, call: Call) -> Result<Work> {
-        self.issue_all(vec![call])
+        self.issue_all(std::iter::once(call))
     }
 
     /// Queues `calls` as one op (one call, or a group's): collectives take
     /// the next sequence numbers of the group, sends and receives the next
     /// of their pair's.
-    fn issue_all(&self, calls: Vec<Call>) -> Result<Work> {
+    fn issue_all(&self, calls: impl IntoIterator<Item = Call>) -> Result<Work> {
+        let mut calls = calls.into_iter().peekable();
         let inner = &self.inner;
         let state = WorkState::new();
         let mut issuer = lock(&inner.issuer);
-        let kind = calls.first().map_or("group", |c| c.what.kind().name());
+        let kind = calls.peek().map_or("group", |c| c.what.kind().name());
         let me = std::thread::current().id();
         let busy = inner.inflight.get();
         match issuer.binding {

@@ -123,19 +123,49 @@ pub(crate) struct Op {
     pub state: Arc<WorkState>,
 }
 
-/// The order a group's calls run in on this rank: sends first (they never
-/// wait for their receiver), then the collectives in call order, then the
-/// receives, so that no call of a group waits on a peer that is itself
-/// waiting for a later call of its own group.
-fn launch_order(items: &[Item]) -> Vec<usize> {
-    let rank = |it: &Item| match it.what {
-        Collective::Send { .. } => 0,
-        Collective::Recv { .. } => 2,
-        _ => 1,
-    };
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| rank(&items[i]));
-    order
+/// Per-op bookkeeping, kept from op to op so that steady state allocates
+/// nothing for it.
+#[derive(Default)]
+struct Scratch {
+    /// The op's calls' fingerprints (kept after the calls are dropped).
+    fps: Vec<Fingerprint>,
+    /// Which calls completed.
+    done: Vec<bool>,
+    /// The order they run in.
+    order: Vec<usize>,
+    /// Each call's outputs, as a range of the op's outputs.
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Scratch {
+    /// Ready for `items`: the order a group's calls run in on this rank is
+    /// sends first (they never wait for their receiver), then the
+    /// collectives in call order, then the receives, so that no call of a
+    /// group waits on a peer that is itself waiting for a later call of
+    /// its own group.
+    fn reset(&mut self, items: &[Item]) {
+        self.fps.clear();
+        self.fps.extend(items.iter().map(|it| it.fp));
+        self.done.clear();
+        self.done.resize(items.len(), false);
+        self.spans.clear();
+        self.order.clear();
+        self.order.extend(0..items.len());
+        self.order.sort_by_key(|&i| match items[i].what {
+            Collective::Send { .. } => 0,
+            Collective::Recv { .. } => 2,
+            _ => 1,
+        });
+    }
+
+    /// The first call that did not complete.
+    fn failed_seq(&self) -> Option<u64> {
+        self.fps
+            .iter()
+            .zip(&self.done)
+            .find(|(_, d)| !**d)
+            .map(|(fp, _)| fp.seq)
+    }
 }
 
 /// What running an op leaves: the submission that last writes its
@@ -166,24 +196,19 @@ pub(crate) struct Progress {
 
 impl Progress {
     pub(crate) fn run(mut self, rx: Receiver<Op>) {
+        let mut scratch = Scratch::default();
         // Ends when the communicator is dropped (its sender with it).
         while let Ok(op) = rx.recv() {
             op.state.start();
-            let mut outs = Vec::new();
-            let mut done = vec![false; op.items.len()];
+            scratch.reset(&op.items);
+            let mut outs = Vec::with_capacity(op.items.iter().map(|it| it.outputs.len()).sum());
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.launch(&op.items, &mut outs, &mut done)
+                self.launch(&op.items, &mut outs, &mut scratch)
             }))
             .unwrap_or_else(|p| {
-                let seq = op
-                    .items
-                    .iter()
-                    .zip(&done)
-                    .find(|(_, d)| !**d)
-                    .map(|(it, _)| it.fp.seq);
                 Err(Error::device(
                     self.rank,
-                    seq,
+                    scratch.failed_seq(),
                     format!("internal error: {}", crate::api::comm::panic_message(&p)),
                 ))
             });
@@ -191,18 +216,17 @@ impl Progress {
             // caller that then drops its output must find it back in the
             // pool, not still held here (nor in the state, once its Work is gone).
             let Op { items, state } = op;
-            let fps: Vec<Fingerprint> = items.iter().map(|it| it.fp).collect();
             drop(items);
             match result {
                 Ok(Ran { last, table }) => {
-                    for fp in &fps {
+                    for fp in &scratch.fps {
                         tracing::debug!(rank = self.rank, seq = fp.seq, "host steps done");
                         self.health.flight.record(self.rank, *fp, State::Completed);
                     }
-                    state.put_outputs(outs.into_iter().flatten().collect(), table);
+                    state.put_outputs(outs, table);
                     state.issued(last);
                     // Wakes futures and waiters once the device has run it.
-                    let seq = fps.first().map(|fp| fp.seq);
+                    let seq = scratch.fps.first().map(|fp| fp.seq);
                     let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
                     self.dev.on_done(
                         last,
@@ -220,11 +244,7 @@ impl Progress {
                     );
                 }
                 Err(e) => {
-                    let seq = fps
-                        .iter()
-                        .zip(&done)
-                        .find(|(_, d)| !**d)
-                        .map(|(fp, _)| fp.seq);
+                    let seq = scratch.failed_seq();
                     tracing::debug!(rank = self.rank, seq, error = %e, "failed");
                     drop(outs);
                     // The schedule is broken for everyone: make peers fail now, not at their timeout.
@@ -233,7 +253,7 @@ impl Progress {
                         _ => self.rank,
                     };
                     self.health.fail(origin, e.clone());
-                    for (fp, _) in fps.iter().zip(&done).filter(|(_, d)| !**d) {
+                    for (fp, _) in scratch.fps.iter().zip(&scratch.done).filter(|(_, d)| !**d) {
                         self.health.flight.record(self.rank, *fp, State::Failed);
                     }
                     self.stage.clear();
@@ -244,40 +264,34 @@ impl Progress {
         }
     }
 
-    /// Runs an op's calls, their outputs (made here) in `outs`, call by
-    /// call; `done` says which completed, should one fail. Returns the
+    /// Runs an op's calls in launch order, their outputs (made here) in
+    /// `outs`; `s.done` says which completed, should one fail. Returns the
     /// submission that last writes an output.
-    fn launch(
-        &mut self,
-        items: &[Item],
-        outs: &mut Vec<Vec<Tensor>>,
-        done: &mut [bool],
-    ) -> Result<Ran> {
+    fn launch(&mut self, items: &[Item], outs: &mut Vec<Tensor>, s: &mut Scratch) -> Result<Ran> {
         let dev = self.dev.clone();
         for it in items {
-            outs.push(
-                it.outputs
-                    .iter()
-                    .map(|o| o.tensor(&dev))
-                    .collect::<Result<_>>()?,
-            );
+            let start = outs.len();
+            for o in &it.outputs {
+                outs.push(o.tensor(&dev)?);
+            }
+            s.spans.push(start..outs.len());
         }
-        let order = launch_order(items);
         let (mut last, mut table) = (None, None);
-        for i in order {
+        for k in 0..s.order.len() {
+            let i = s.order[k];
             let it = &items[i];
             self.health.check(self.rank, &it.fp)?;
             self.health
                 .flight
                 .record(self.rank, it.fp, State::InProgress);
             tracing::debug!(rank = self.rank, seq = it.fp.seq, call = %it.fp, "started");
-            let r = self.execute(it, &outs[i])?;
+            let r = self.execute(it, &outs[s.spans[i].clone()])?;
             self.health
                 .flight
                 .record(self.rank, it.fp, State::Completed);
             last = last.max(Some(r.last));
             table = table.or(r.table);
-            done[i] = true;
+            s.done[i] = true;
         }
         let last = match last {
             Some(t) => t,
