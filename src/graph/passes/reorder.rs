@@ -116,7 +116,9 @@ fn schedule(g: Graph, cost: &GraphCost, bound: usize) -> Graph {
     let mut done: HashSet<NodeId> = HashSet::new();
     let mut out = Vec::with_capacity(g.nodes.len());
     let mut now = Duration::ZERO;
-    let mut comm_free = Duration::ZERO;
+    // When each process group's collectives are done: a group runs its
+    // collectives one after another, groups at the same time.
+    let mut comm_free: HashMap<usize, Duration> = HashMap::new();
     let mut finish: HashMap<NodeId, Duration> = HashMap::new(); // collective -> estimated end
     let mut next_seq = g
         .nodes
@@ -193,9 +195,10 @@ fn schedule(g: Graph, cost: &GraphCost, bound: usize) -> Graph {
         let Some(n) = pick else { break };
         let t = cost.of(&g, n);
         if n.op.is_collective() {
-            let start = now.max(comm_free);
-            comm_free = start.saturating_add(t);
-            finish.insert(n.id, comm_free);
+            let free = comm_free.entry(n.group).or_insert(Duration::ZERO);
+            let end = now.max(*free).saturating_add(t);
+            *free = end;
+            finish.insert(n.id, end);
             next_seq = g
                 .nodes
                 .iter()
