@@ -84,6 +84,26 @@ fn program(c: &Communicator) -> Result<Checked, Error> {
                     bytes(&out)?,
                     payload(dtype, prev, len, 1),
                 ));
+                // Both ways round the ring in one group.
+                let (from_prev, from_next) = (c.zeros(dtype, len)?, c.zeros(dtype, len)?);
+                let back = tensor(c, dtype, &payload(dtype, r, len, 5))?;
+                c.group(|g| {
+                    g.recv(&from_prev, prev)?;
+                    g.send(&x, next)?;
+                    g.recv(&from_next, next)?;
+                    g.send(&back, prev)
+                })?
+                .wait()?;
+                got.push((
+                    format!("grouped from prev {dtype} {len}"),
+                    bytes(&from_prev)?,
+                    payload(dtype, prev, len, 1),
+                ));
+                got.push((
+                    format!("grouped from next {dtype} {len}"),
+                    bytes(&from_next)?,
+                    payload(dtype, next, len, 5),
+                ));
             }
             // gather at the last rank; elsewhere `out` must stay as it was.
             let root = n - 1;
