@@ -32,11 +32,14 @@ fn packets(words: usize) -> impl Iterator<Item = Span> {
     slices(SLICE_WORDS, words).chain(empty)
 }
 
-/// Sends the first `words` words of the working buffer to `peer` through
-/// the host.
-pub(crate) fn send(p: &mut Prims, peer: usize, words: usize) -> Result<()> {
-    p.reserve(SLICE_WORDS.min(words))?;
-    for span in packets(words) {
+/// Sends `spans` of the working buffer to `peer` through the host, a
+/// packet each (an empty span: an empty packet).
+pub(crate) fn send_spans(
+    p: &mut Prims,
+    peer: usize,
+    spans: impl Iterator<Item = Span>,
+) -> Result<()> {
+    for span in spans {
         let data = if span.words == 0 {
             p.link.buffer()
         } else {
@@ -45,6 +48,25 @@ pub(crate) fn send(p: &mut Prims, peer: usize, words: usize) -> Result<()> {
         p.post(peer, data)?;
     }
     Ok(())
+}
+
+/// Receives a packet from `peer` into each of `spans` of the working buffer.
+pub(crate) fn recv_spans(
+    p: &mut Prims,
+    peer: usize,
+    spans: impl Iterator<Item = Span>,
+) -> Result<()> {
+    for span in spans {
+        p.recv_from(peer, span)?;
+    }
+    Ok(())
+}
+
+/// Sends the first `words` words of the working buffer to `peer` through
+/// the host.
+pub(crate) fn send(p: &mut Prims, peer: usize, words: usize) -> Result<()> {
+    p.reserve(SLICE_WORDS.min(words))?;
+    send_spans(p, peer, packets(words))
 }
 
 /// Sends the first `words` words of the working buffer to `peer`, a rank
@@ -77,8 +99,5 @@ pub(crate) fn recv(p: &mut Prims, peer: usize, words: usize, on_device: bool) ->
         return p.recv_from(peer, Span { off: 0, words });
     }
     p.reserve(SLICE_WORDS.min(words))?;
-    for span in packets(words) {
-        p.recv_from(peer, span)?;
-    }
-    Ok(())
+    recv_spans(p, peer, packets(words))
 }

@@ -12,13 +12,21 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made"
 )]
 
-use crate::algo::p2p::SLICE_WORDS;
+use crate::algo::p2p::{SLICE_WORDS, recv_spans, send_spans};
 use crate::algo::prims::{Prims, Span, slices};
 use crate::error::Result;
 
 /// The other ranks, from the one after `root` on.
 fn others(root: usize, n: usize) -> impl Iterator<Item = usize> {
     (1..n).map(move |k| (root + k) % n)
+}
+
+/// The slices of rank `j`'s piece (`words` words at word `j * words`).
+fn piece(j: usize, words: usize) -> impl Iterator<Item = Span> {
+    slices(SLICE_WORDS, words).map(move |s| Span {
+        off: j * words + s.off,
+        words: s.words,
+    })
 }
 
 /// Gathers every rank's `bytes` bytes of `x` into the root's `out`, rank
@@ -35,26 +43,14 @@ pub(crate) fn gather(
     p.reserve(SLICE_WORDS.min(words))?;
     if r != root {
         p.buf = x.clone();
-        for span in slices(SLICE_WORDS, words) {
-            let data = p.fetch(span)?;
-            p.post(root, data)?;
-        }
-        return Ok(());
+        return send_spans(p, root, slices(SLICE_WORDS, words));
     }
     if bytes % 4 == 0 {
         p.copy(x, 0, out, (r * bytes) as u64, bytes as u64)?;
         p.buf = out.clone();
         for j in others(root, n) {
-            for s in slices(SLICE_WORDS, words) {
-                let at = Span {
-                    off: j * words + s.off,
-                    words: s.words,
-                };
-                // The piece's span of the output, received from its owner.
-                let data = p.take(j, s.words * 4)?;
-                p.store(at, &data)?;
-                p.recycle(data);
-            }
+            // Rank j's piece of the output, received from it in place.
+            recv_spans(p, j, piece(j, words))?;
         }
         return Ok(());
     }
@@ -89,33 +85,24 @@ pub(crate) fn scatter(
     p.reserve(SLICE_WORDS.min(words))?;
     if r != root {
         p.buf = out.clone();
-        for span in slices(SLICE_WORDS, words) {
-            p.recv_from(root, span)?;
-        }
-        return Ok(());
+        return recv_spans(p, root, slices(SLICE_WORDS, words));
     }
     if bytes % 4 == 0 {
         p.buf = x.clone();
         for j in others(root, n) {
-            for s in slices(SLICE_WORDS, words) {
-                let data = p.fetch(Span {
-                    off: j * words + s.off,
-                    words: s.words,
-                })?;
-                p.post(j, data)?;
-            }
+            send_spans(p, j, piece(j, words))?;
         }
         return p.copy(x, (r * bytes) as u64, out, 0, bytes as u64);
     }
     p.buf = x.clone();
     let image = p.download_image((n * bytes).next_multiple_of(4))?;
-    let piece = |j: usize| {
+    let cut = |j: usize| {
         let mut v = image[j * bytes..(j + 1) * bytes].to_vec();
         v.resize(words * 4, 0);
         v
     };
     for j in others(root, n) {
-        let whole = piece(j);
+        let whole = cut(j);
         for s in slices(SLICE_WORDS, words) {
             let mut data = p.link.buffer();
             data.extend_from_slice(&whole[s.off * 4..(s.off + s.words) * 4]);
@@ -123,5 +110,5 @@ pub(crate) fn scatter(
         }
     }
     p.buf = out.clone();
-    p.upload_image(&piece(r))
+    p.upload_image(&cut(r))
 }
