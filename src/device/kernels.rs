@@ -44,9 +44,11 @@ pub fn reduction_wgsl(dtype: DType) -> String {
 
 /// Units each invocation of the reduction kernel handles on a CPU adapter.
 /// There a workgroup costs a scheduling round trip of the driver's thread
-/// pool, so few large workgroups win (the criterion bench
-/// `reduction_kernel_4MiB/float` measures it; figures in the README).
-const CPU_UNITS_PER_INVOCATION: u64 = 64;
+/// pool, so one unit per invocation loses; but a long grid-stride loop
+/// leaves a ring's 1 MiB slice to a handful of workgroups that the pool
+/// cannot balance, each striding through memory. A few units per
+/// invocation won in the all-reduce benchmark (figures in the README).
+const CPU_UNITS_PER_INVOCATION: u64 = 4;
 
 /// Workgroups to dispatch for a `bytes`-byte reduction of `dtype` on an
 /// adapter of `device_type` that allows `max_groups` per dimension: one
