@@ -121,6 +121,16 @@ pub enum Error {
         /// wgpu's message, with what we were doing.
         what: String,
     },
+
+    /// What carries bytes between processes (MPI) could not start, or the
+    /// processes of a job do not agree on the world they make.
+    #[error("between processes{}: {what}", process.map(|p| format!(" (process {p})")).unwrap_or_default())]
+    Transport {
+        /// The process (its MPI rank) that found it, when known.
+        process: Option<usize>,
+        /// What failed, with every process's view where they differ.
+        what: String,
+    },
 }
 
 fn doing_at(doing: &str) -> String {

@@ -139,8 +139,8 @@ impl<'a> Prims<'a> {
     /// Whether ring steps lend their read-back buffers: where the
     /// transport carries loans and kernels read upload buffers directly
     /// (see `transport/local.rs`).
-    fn lends(&self) -> bool {
-        self.link.carries_loans() && self.stage.lends()
+    fn lends(&self, peer: usize) -> bool {
+        self.link.carries_loans(peer) && self.stage.lends()
     }
 
     /// Sends `span` of the buffer to the next rank, after the steps
@@ -148,7 +148,7 @@ impl<'a> Prims<'a> {
     /// packet.
     fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
         let next = self.next();
-        if !self.lends() {
+        if !self.lends(next) {
             let mut data = self.link.buffer();
             self.download(enc, span, &mut data)?;
             return hop::post(

@@ -1310,8 +1310,14 @@ impl Communicator {
                     "split: this rank is missing from its own color",
                 )
             })?;
-        let (endpoint, health, group) =
-            Health::join_split(&self.inner.health, seq, color, &parents, me)?;
+        let (endpoint, health, group) = Health::join_split(
+            &self.inner.health,
+            &*self.inner.endpoint,
+            seq,
+            color,
+            &parents,
+            me,
+        )?;
         let inner = &self.inner;
         // A subset of a group on one device is on that device too.
         let group = inner.group.as_ref().map(|_| group);

@@ -7,3 +7,5 @@ pub(crate) mod placement;
 pub(crate) mod tensor;
 pub(crate) mod work;
 pub(crate) mod world;
+#[cfg(feature = "mpi")]
+pub(crate) mod world_mpi;

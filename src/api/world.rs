@@ -170,7 +170,19 @@ impl WorldConfig {
         self.ranks
     }
 
-    fn algorithm(&self) -> Result<Algorithm> {
+    #[cfg(feature = "mpi")]
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn wants(&self) -> Wants {
+        Wants {
+            features: self.required_features,
+            limits: self.required_limits.clone(),
+        }
+    }
+
+    pub(crate) fn algorithm(&self) -> Result<Algorithm> {
         if let Some(a) = self.algorithm {
             return Ok(a);
         }
@@ -203,13 +215,18 @@ pub struct World {
     instance: Option<wgpu::Instance>,
     comms: Vec<Communicator>,
     adapters: Vec<wgpu::AdapterInfo>,
-    health: Arc<Health>,
+    pub(crate) health: Arc<Health>,
     tuning: Tuning,
     /// Set while a `run` is in progress (see [`World::run`]).
     running: AtomicBool,
     /// The placement in force: `SharedDevice` when every rank shares one
     /// device and collectives run there, else `DevicePerRank`.
     placement: Placement,
+    /// The rank of `comms[0]`: ranks before it live in other processes.
+    base: usize,
+    /// This process's end of MPI, in a world over several processes.
+    #[cfg(feature = "mpi")]
+    pub(crate) hub: Option<Arc<crate::transport::mpi::hub::Hub>>,
 }
 
 /// Ends a run, however it ends: the communicators take calls from any
@@ -240,14 +257,26 @@ impl Drop for World {
     /// thread drains its queue (every op fails at once) and is joined.
     /// Communicators made by `split` from this world fail from then on too.
     fn drop(&mut self) {
+        #[cfg(feature = "mpi")]
+        if let Some(hub) = &self.hub {
+            // After a failure, MPI is left without MPI_Finalize, which a
+            // dead peer could hold forever.
+            hub.failed(self.health.failed());
+        }
         // Every rank reports `Aborted` with its own rank and sequence number.
         self.health.fail(0, Error::Aborted { rank: 0, seq: 0 });
+        // MPI ends with the world, not with the last link's drop, which a
+        // progress thread may hold past the process's exit.
+        #[cfg(feature = "mpi")]
+        if let Some(hub) = &self.hub {
+            hub.shutdown();
+        }
     }
 }
 
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "World({} ranks)", self.comms.len())
+        write!(f, "World({} ranks)", self.size())
     }
 }
 
@@ -267,10 +296,7 @@ impl World {
     pub fn new(config: WorldConfig) -> Result<World> {
         check(&config)?;
         let (instance, adapters) = find_adapters(&config)?;
-        let wants = Wants {
-            features: config.required_features,
-            limits: config.required_limits.clone(),
-        };
+        let wants = config.wants();
         let placement = config.placement()?;
         let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(config.ranks);
         // The device already made on each adapter, for ranks to share.
@@ -371,13 +397,6 @@ impl World {
         links: Vec<Arc<Link>>,
         config: &WorldConfig,
     ) -> Result<World> {
-        let n = devices.len();
-        if links.len() != n {
-            return Err(Error::InvalidArgument {
-                rank: None,
-                what: format!("{} links for {n} ranks", links.len()),
-            });
-        }
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
             rank: None,
             what: "a world needs at least one rank".into(),
@@ -387,6 +406,35 @@ impl World {
             algorithm: config.algorithm()?,
             cost: CostModel::measure(first)?,
         };
+        let n = devices.len();
+        Self::assemble_with(instance, devices, links, config, (0, n), tuning)
+    }
+
+    /// A world of `ranks.1` ranks of which these devices and links are
+    /// ranks `ranks.0..`, with `tuning` agreed by all of them.
+    pub(crate) fn assemble_with(
+        instance: Option<wgpu::Instance>,
+        devices: Vec<Arc<RankDevice>>,
+        links: Vec<Arc<Link>>,
+        config: &WorldConfig,
+        ranks: (usize, usize),
+        tuning: Tuning,
+    ) -> Result<World> {
+        let (base, n) = ranks;
+        if links.len() != devices.len() || base.saturating_add(devices.len()) > n {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "{} links for {} devices, ranks {base}.. of {n}",
+                    links.len(),
+                    devices.len()
+                ),
+            });
+        }
+        let first = devices.first().ok_or_else(|| Error::InvalidArgument {
+            rank: None,
+            what: "a world needs at least one rank".into(),
+        })?;
         tracing::info!(
             ranks = n,
             algorithm = ?tuning.algorithm,
@@ -398,6 +446,7 @@ impl World {
         // The group meets on the device when every rank shares it, unless
         // the ranks are to model separate GPUs.
         let shared = n > 1
+            && devices.len() == n
             && config.placement()? != Placement::DevicePerRank
             && devices.iter().all(|d| d.same_device(first));
         let placement = if shared {
@@ -424,9 +473,9 @@ impl World {
             .into_iter()
             .zip(devices)
             .enumerate()
-            .map(|(rank, (endpoint, dev))| {
+            .map(|(i, (endpoint, dev))| {
                 Communicator::new(
-                    rank,
+                    base.saturating_add(i),
                     n,
                     dev,
                     Reach {
@@ -443,10 +492,13 @@ impl World {
             placement,
             instance,
             comms,
+            base,
             adapters: infos,
             health,
             tuning,
             running: AtomicBool::new(false),
+            #[cfg(feature = "mpi")]
+            hub: None,
         })
     }
 
@@ -469,12 +521,32 @@ impl World {
     /// What carries a collective's bytes between ranks, in words (the
     /// benchmark's header prints it).
     pub fn transport(&self) -> &'static str {
+        #[cfg(feature = "mpi")]
+        if self.hub.is_some() {
+            return "MPI between processes; in-process channels, host staging within one";
+        }
         transport_name(self.placement)
     }
 
-    /// Number of ranks.
+    /// Number of ranks (in every process, for a world over MPI).
     pub fn size(&self) -> usize {
-        self.comms.len()
+        self.health.world_ranks().len()
+    }
+
+    /// Processes in the job, and ranks in this one: `(1, size)` for a
+    /// world of one process.
+    pub fn processes(&self) -> (usize, usize) {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = &self.hub {
+            return (h.processes, self.comms.len());
+        }
+        (1, self.comms.len())
+    }
+
+    /// The ranks that run in this process: all of them, except in a world
+    /// over several processes ([`World::from_mpi`]).
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        self.base..self.base.saturating_add(self.comms.len())
     }
 
     /// The all-reduce algorithm in force: forced by `WorldConfig` or
@@ -494,7 +566,8 @@ impl World {
     }
 
     /// Runs `f` on every rank at once, one thread per rank, and returns the
-    /// results in rank order.
+    /// results in rank order (in a world over several processes, those of
+    /// this process's ranks, [`World::local_ranks`]).
     ///
     /// If a rank panics, the other ranks' pending and later collectives
     /// fail with [`Error::PeerFailed`] instead of hanging, and `run` returns
@@ -514,7 +587,9 @@ impl World {
         T: Send,
         F: Fn(&Communicator) -> T + Sync,
     {
-        let units = std::iter::repeat_with(|| ()).take(self.size()).collect();
+        let units = std::iter::repeat_with(|| ())
+            .take(self.comms.len())
+            .collect();
         self.run_with(units, |c, ()| f(c))
     }
 
@@ -528,13 +603,13 @@ impl World {
         T: Send,
         F: Fn(&Communicator, S) -> T + Sync,
     {
-        if states.len() != self.size() {
+        if states.len() != self.comms.len() {
             return Err(Error::InvalidArgument {
                 rank: None,
                 what: format!(
-                    "run_with got {} states for a world of {} ranks",
+                    "run_with got {} states for {} ranks in this process",
                     states.len(),
-                    self.size()
+                    self.comms.len()
                 ),
             });
         }
@@ -596,12 +671,12 @@ impl World {
                 .collect()
         });
         let mut results = Vec::with_capacity(outcomes.len());
-        for (rank, o) in outcomes.into_iter().enumerate() {
+        for (i, o) in outcomes.into_iter().enumerate() {
             match o {
                 Ok(v) => results.push(v),
                 Err(p) => {
                     return Err(Error::RankPanicked {
-                        rank,
+                        rank: self.base.saturating_add(i),
                         message: panic_message(&p),
                     });
                 }
@@ -617,9 +692,10 @@ impl World {
         self.health.flight_record()
     }
 
-    /// Rank `r`'s communicator over the whole world, for use outside `run`.
+    /// Rank `r`'s communicator over the whole world, for use outside `run`
+    /// (`None` for a rank of another process).
     pub fn communicator(&self, rank: usize) -> Option<&Communicator> {
-        self.comms.get(rank)
+        self.comms.get(rank.checked_sub(self.base)?)
     }
 }
 
@@ -631,7 +707,7 @@ fn transport_name(placement: Placement) -> &'static str {
     }
 }
 
-fn check(config: &WorldConfig) -> Result<()> {
+pub(crate) fn check(config: &WorldConfig) -> Result<()> {
     let n = config.ranks;
     if n == 0 || n > MAX_RANKS {
         return Err(Error::InvalidArgument {
@@ -648,7 +724,7 @@ fn check(config: &WorldConfig) -> Result<()> {
     Ok(())
 }
 
-fn find_adapters(config: &WorldConfig) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>)> {
+pub(crate) fn find_adapters(config: &WorldConfig) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>)> {
     let backends = config.backends();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
     desc.backends = backends;
@@ -710,8 +786,11 @@ mod tests {
         ) -> std::result::Result<Option<Packet>, crate::transport::Closed> {
             self.0.recv(peer, lane, limit)
         }
-        fn carries_loans(&self) -> bool {
+        fn carries_loans(&self, _peer: usize) -> bool {
             false
+        }
+        fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<Link>>> {
+            self.0.split(seq, color, members)
         }
         fn drain(&self) {
             self.0.drain();

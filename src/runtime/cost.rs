@@ -97,6 +97,26 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 impl CostModel {
+    /// The figures as words, for processes to agree on (see `from_words`).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        [nanos(self.alpha), self.beta.to_bits(), nanos(self.dispatch)]
+    }
+
+    /// The model whose `to_words` start `words`.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn from_words(words: &[u64]) -> Option<CostModel> {
+        match words {
+            [alpha, beta, dispatch, ..] => Some(CostModel {
+                alpha: Duration::from_nanos(*alpha),
+                beta: f64::from_bits(*beta),
+                dispatch: Duration::from_nanos(*dispatch),
+            }),
+            _ => None,
+        }
+    }
+
     /// Measures alpha and beta on `dev` (a few milliseconds).
     pub(crate) fn measure(dev: &RankDevice) -> Result<CostModel> {
         let mut fences = Vec::new();

@@ -156,3 +156,89 @@ impl std::fmt::Display for Fingerprint {
         f.write_str(")")
     }
 }
+
+/// Every kind, in the order of their wire codes.
+#[cfg(feature = "mpi")]
+const KINDS: [Kind; 15] = [
+    Kind::AllReduce,
+    Kind::AllGather,
+    Kind::ReduceScatter,
+    Kind::Broadcast,
+    Kind::Reduce,
+    Kind::AllToAll,
+    Kind::Barrier,
+    Kind::AllReduceCoalesced,
+    Kind::AllGatherCoalesced,
+    Kind::ReduceScatterCoalesced,
+    Kind::Split,
+    Kind::Gather,
+    Kind::Scatter,
+    Kind::Send,
+    Kind::Recv,
+];
+
+/// On the wire between processes: each field little-endian, `None` as all
+/// ones (no count, rank or code reaches it).
+#[cfg(feature = "mpi")]
+impl crate::transport::mpi::Header for Fingerprint {
+    fn encode(&self, out: &mut [u8; crate::transport::mpi::hub::HEADER]) {
+        let code = |i: Option<usize>| i.map_or(u8::MAX, |i| u8::try_from(i).unwrap_or(u8::MAX));
+        let num = |v: Option<usize>| v.map_or(u64::MAX, |v| v as u64);
+        let fields = [
+            self.seq,
+            num(self.len),
+            num(self.root),
+            self.shape,
+            num(self.peer),
+        ];
+        for (slot, v) in out.chunks_exact_mut(8).zip(fields) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+        let codes = [
+            code(KINDS.iter().position(|&k| k == self.kind)),
+            code(
+                self.dtype
+                    .and_then(|d| DType::ALL.iter().position(|&x| x == d)),
+            ),
+            code(
+                self.op
+                    .and_then(|o| ReduceOp::ALL.iter().position(|&x| x == o)),
+            ),
+        ];
+        if let Some(tail) = out.get_mut(40..43) {
+            tail.copy_from_slice(&codes);
+        }
+    }
+
+    fn decode(bytes: &[u8; crate::transport::mpi::hub::HEADER]) -> Option<Self> {
+        let word = |i: usize| -> Option<u64> {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes.get(i.checked_mul(8)?..i.checked_mul(8)?.checked_add(8)?)?);
+            Some(u64::from_le_bytes(b))
+        };
+        let num = |v: u64| (v != u64::MAX).then(|| usize::try_from(v).ok()).flatten();
+        let code = |i: usize| {
+            bytes
+                .get(i)
+                .copied()
+                .filter(|&c| c != u8::MAX)
+                .map(usize::from)
+        };
+        Some(Fingerprint {
+            seq: word(0)?,
+            len: num(word(1)?),
+            root: num(word(2)?),
+            shape: word(3)?,
+            peer: num(word(4)?),
+            kind: *KINDS.get(code(40)?)?,
+            dtype: match code(41) {
+                None => None,
+                Some(i) => Some(*DType::ALL.get(i)?),
+            },
+            op: match code(42) {
+                None => None,
+                Some(i) => Some(*ReduceOp::ALL.get(i)?),
+            },
+        })
+    }
+}

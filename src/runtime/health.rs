@@ -18,7 +18,6 @@ use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::{Flight, FlightRecord};
 use crate::runtime::hop::Link;
-use crate::transport::local::mesh;
 
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
@@ -34,7 +33,17 @@ pub(crate) struct Health {
     forming: Mutex<HashMap<(u64, u32), Forming>>,
     /// Where the first failure writes the flight record (JSON), if anywhere.
     dump: Option<std::path::PathBuf>,
+    /// Tells ranks in other processes of a failure first recorded here.
+    announce: std::sync::OnceLock<Announce>,
+    /// Runs started (resets): a failure passed on from another process
+    /// belongs to the run it happened in, not to whichever runs here.
+    runs: std::sync::atomic::AtomicU32,
 }
+
+/// Passes a failure on to ranks this record does not reach (those of
+/// other processes): the run it happened in (see `Health::runs`), the
+/// rank that failed, and its error.
+pub(crate) type Announce = Box<dyn Fn(u32, usize, &Error) + Send + Sync>;
 
 /// A group one `split` is forming: its links, and its shared record.
 struct Forming {
@@ -60,6 +69,8 @@ impl Health {
             parent: None,
             forming: Mutex::new(HashMap::new()),
             dump,
+            announce: std::sync::OnceLock::new(),
+            runs: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -71,6 +82,8 @@ impl Health {
             dump: parent.0.dump.clone(),
             parent: Some(parent),
             forming: Mutex::new(HashMap::new()),
+            announce: std::sync::OnceLock::new(),
+            runs: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -119,6 +132,7 @@ impl Health {
     /// the first member to arrive makes the group's links.
     pub(crate) fn join_split(
         this: &Arc<Health>,
+        link: &Link,
         seq: u64,
         color: u32,
         parents: &[usize],
@@ -126,7 +140,7 @@ impl Health {
     ) -> Result<(Arc<Link>, Arc<Health>, Arc<crate::runtime::shared::Group>)> {
         let mut forming = lock(&this.forming);
         let f = forming.entry((seq, color)).or_insert_with(|| Forming {
-            endpoints: mesh(parents.len()).into_iter().map(Some).collect(),
+            endpoints: link.split(seq, color, parents),
             health: Arc::new(Health::with_parent(
                 parents.len(),
                 (this.clone(), parents.to_vec()),
@@ -165,19 +179,50 @@ impl Health {
                 .is_some_and(|(p, map)| map.get(rank).is_some_and(|&r| p.is_gone(r)))
     }
 
-    /// Records that rank `origin` failed with `error` (the first record wins).
+    /// Records that rank `origin` failed with `error` (the first record
+    /// wins), and passes it on to other processes' ranks.
     pub(crate) fn fail(&self, origin: usize, error: Error) {
+        self.record(origin, error, true);
+    }
+
+    /// Records a failure another process passed on (not passed on again).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn fail_elsewhere(&self, origin: usize, error: Error) {
+        self.record(origin, error, false);
+    }
+
+    fn record(&self, origin: usize, error: Error, announce: bool) {
         let mut f = lock(&self.failure);
         if f.is_some() {
             return;
         }
-        // An abort is asked for, not a failure to investigate.
-        let dump = !matches!(error, Error::Aborted { .. });
+        // An abort is asked for, not a failure to investigate, and each
+        // process asks for its own.
+        let real = !matches!(error, Error::Aborted { .. });
+        if announce && real {
+            if let Some(a) = self.announce.get() {
+                a(self.runs(), origin, &error);
+            }
+        }
         *f = Some(Failure { origin, error });
         drop(f);
-        if dump {
+        if real {
             self.write_dump();
         }
+    }
+
+    /// Where failures recorded here are passed on (set once).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn announce_to(&self, announce: Announce) {
+        let _ = self.announce.set(announce);
+    }
+
+    /// Whether a failure other than an abort is recorded.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn failed(&self) -> bool {
+        lock(&self.failure)
+            .as_ref()
+            .is_some_and(|f| !matches!(f.error, Error::Aborted { .. }))
     }
 
     /// Forgets departures (a run has ended).
@@ -187,9 +232,17 @@ impl Health {
         }
     }
 
+    /// Runs started so far.
+    pub(crate) fn runs(&self) -> u32 {
+        self.runs.load(Ordering::Acquire)
+    }
+
     /// Forgets failures, departures and history (a new `World::run`).
     pub(crate) fn reset(&self) {
-        *lock(&self.failure) = None;
+        let mut f = lock(&self.failure);
+        *f = None;
+        self.runs.fetch_add(1, Ordering::AcqRel);
+        drop(f);
         self.clear_gone();
         self.flight.clear();
         lock(&self.forming).clear();

@@ -17,8 +17,21 @@ pub(crate) type Link = dyn Transport<Fingerprint>;
 /// A packet on a [`Link`].
 pub(crate) type Packet = crate::transport::Packet<Fingerprint>;
 
-/// Sends `packet` to `peer` on `lane` without blocking.
+/// Sends `packet` to `peer` on `lane` without blocking. A loan forwarded
+/// to a peer the transport cannot lend to (another process) goes as a
+/// copy of its bytes.
 pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Waiter) -> Result<()> {
+    let packet = match packet.body {
+        Body::Loan(loan) if !link.carries_loans(peer) => {
+            let mut data = link.buffer();
+            data.extend_from_slice(&read_loan(&loan, packet.from, w)?);
+            Packet {
+                body: Body::Bytes(data),
+                ..packet
+            }
+        }
+        _ => packet,
+    };
     link.send(peer, lane, packet)
         .map_err(|_| w.peer_failed(peer, "its end of the link is gone".into()))
 }

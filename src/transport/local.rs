@@ -161,7 +161,7 @@ fn end(peer: usize, lane: Lane) -> usize {
     peer.saturating_mul(LANES).saturating_add(lane as usize)
 }
 
-impl<H: Send> Transport<H> for Local<H> {
+impl<H: Send + 'static> Transport<H> for Local<H> {
     fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed> {
         self.to
             .get(end(peer, lane))
@@ -183,8 +183,17 @@ impl<H: Send> Transport<H> for Local<H> {
         }
     }
 
-    fn carries_loans(&self) -> bool {
+    fn carries_loans(&self, _peer: usize) -> bool {
         true
+    }
+
+    fn split(
+        &self,
+        _seq: u64,
+        _color: u32,
+        members: &[usize],
+    ) -> Vec<Option<Arc<dyn Transport<H>>>> {
+        mesh(members.len()).into_iter().map(Some).collect()
     }
 
     fn drain(&self) {

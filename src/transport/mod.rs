@@ -19,9 +19,12 @@
 //! mapped buffers a slice goes through on its way off and onto a device.
 
 pub(crate) mod local;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 pub(crate) mod shared;
 pub(crate) mod staging;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use local::Loan;
@@ -97,9 +100,16 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// `Ok(None)` when none came in time.
     fn recv(&self, peer: usize, lane: Lane, limit: Duration) -> Result<Option<Packet<H>>, Closed>;
 
-    /// Whether packets may carry [`Body::Loan`] (sender and receiver share
-    /// the process).
-    fn carries_loans(&self) -> bool;
+    /// Whether packets to `peer` may carry [`Body::Loan`] (sender and
+    /// receiver share the process).
+    fn carries_loans(&self, peer: usize) -> bool;
+
+    /// This rank's end of the links of a group made of `members` (ranks
+    /// here, in the new group's order) by `split` number `seq` for `color`:
+    /// entry i is member i's end where it lives in this process, `None`
+    /// elsewhere. Every member calls it; the first to arrive in a process
+    /// makes the ends for that process's members.
+    fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<dyn Transport<H>>>>;
 
     /// Drops packets left over from an earlier, failed run.
     fn drain(&self);

@@ -1,0 +1,252 @@
+//! A world over several processes (feature `mpi`): each process holds
+//! some of the ranks, MPI carries the bytes between processes.
+//!
+//! The processes agree on everything a decision depends on before any
+//! rank runs: how many ranks each holds, the algorithm forced, the
+//! timeout, and the cost model (process 0's measurement, for all). A job
+//! whose processes disagree fails on every process with what each said,
+//! instead of pairing the wrong collectives or hanging.
+//!
+//! A failure recorded in one process is passed on to the others, so that
+//! their ranks fail within a tick as ranks of one process do. A process
+//! that dies cannot say so: its peers' waits end at their deadline, naming
+//! the rank they were waiting for.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crossbeam::channel::RecvTimeoutError;
+
+use crate::api::placement::Placement;
+use crate::api::world::{MAX_RANKS, World, WorldConfig, check, find_adapters};
+use crate::device::{RankDevice, lock};
+use crate::error::{Error, Result};
+use crate::runtime::cost::{CostModel, Tuning};
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::health::Health;
+use crate::runtime::hop::Link;
+use crate::transport::mpi::hub::{Hub, Notice};
+use crate::transport::mpi::{Layout, ends, split_id};
+
+/// MPI is initialised once per process and finalised when the last world
+/// over it is dropped; it cannot be initialised again after that.
+enum Slot {
+    Never,
+    Live(Weak<Hub>),
+    Finished,
+}
+
+static HUB: Mutex<Slot> = Mutex::new(Slot::Never);
+
+/// Worlds made over MPI so far in this process: every process makes them
+/// in the same order (SPMD), so the count names the world on the wire.
+static WORLDS: AtomicU64 = AtomicU64::new(0);
+
+fn hub() -> Result<Arc<Hub>> {
+    let mut slot = lock(&HUB);
+    match &*slot {
+        Slot::Live(w) => {
+            if let Some(h) = w.upgrade() {
+                return Ok(h);
+            }
+        }
+        Slot::Finished => {}
+        Slot::Never => {
+            let h = Arc::new(Hub::start().map_err(|what| Error::Transport {
+                process: None,
+                what,
+            })?);
+            *slot = Slot::Live(Arc::downgrade(&h));
+            return Ok(h);
+        }
+    }
+    *slot = Slot::Finished;
+    Err(Error::Transport {
+        process: None,
+        what: "MPI was finalised when this process's last world over it was dropped, \
+               and cannot start again: keep one world for the whole job"
+            .into(),
+    })
+}
+
+impl World {
+    /// A world over the processes of an MPI job (`mpirun -n P prog`): each
+    /// process holds `config.ranks()` ranks, so the world has P times as
+    /// many, and rank `p * config.ranks() + l` is local rank `l` of process
+    /// `p`. [`Communicator::rank`](crate::Communicator::rank) and
+    /// [`World::size`] are global; [`World::run`] runs this process's
+    /// ranks ([`World::local_ranks`]) and returns their results. The same
+    /// SPMD code runs unchanged.
+    ///
+    /// Within a process each rank gets a device of its own (spread over the
+    /// adapters as [`World::new`] does) and hops between them go through
+    /// host staging; hops between processes are MPI messages, sent and
+    /// received by one thread per process. Every collective keeps the bits
+    /// it has in one process (the fold order is fixed by the rank count,
+    /// not by where ranks live).
+    ///
+    /// Every process must call it with the same rank count, algorithm and
+    /// timeout, and must make its worlds in the same order; otherwise each
+    /// gets [`Error::Transport`] naming what every process said. MPI is
+    /// initialised by the first call (`MPI_THREAD_FUNNELED`, on a thread of
+    /// the engine's) and finalised when the process's last such world is
+    /// dropped, or left unfinalised after a failure, so that a dead peer
+    /// cannot hold the exit.
+    pub fn from_mpi(config: WorldConfig) -> Result<World> {
+        check(&config)?;
+        let hub = hub()?;
+        let (process, processes) = (hub.process, hub.processes);
+        let local = config.ranks();
+        let number = WORLDS.fetch_add(1, Ordering::Relaxed);
+        let algorithm = config.algorithm()?;
+        let timeout_ms = u64::try_from(config.timeout().as_millis()).unwrap_or(u64::MAX);
+        let mine = vec![local as u64, number, algorithm as u64, timeout_ms];
+        let said = hub
+            .all_gather(mine.clone(), config.timeout())
+            .map_err(|what| Error::Transport {
+                process: Some(process),
+                what,
+            })?;
+        if said.chunks(mine.len()).any(|s| s != mine.as_slice()) {
+            let views: Vec<String> = said
+                .chunks(mine.len())
+                .enumerate()
+                .map(|(p, s)| match s {
+                    [l, n, a, t] => {
+                        format!("process {p}: {l} ranks, world #{n}, algorithm {a}, timeout {t} ms")
+                    }
+                    _ => format!("process {p}: ?"),
+                })
+                .collect();
+            return Err(Error::Transport {
+                process: Some(process),
+                what: format!(
+                    "the processes disagree on the world they make: {}",
+                    views.join("; ")
+                ),
+            });
+        }
+        let total = local.saturating_mul(processes);
+        if total > MAX_RANKS {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "{processes} processes x {local} ranks = {total}: a world has at most {MAX_RANKS}"
+                ),
+            });
+        }
+        let base = process.saturating_mul(local);
+
+        let (_instance, adapters) = find_adapters(&config)?;
+        let wants = config.wants();
+        let devices = (0..local)
+            .map(|l| {
+                let adapter = adapters
+                    .get(l.checked_rem(adapters.len()).unwrap_or(0))
+                    .ok_or_else(|| Error::NoAdapter {
+                        backends: String::new(),
+                        name: String::new(),
+                    })?;
+                RankDevice::new(base.saturating_add(l), adapter, config.timeout(), &wants)
+            })
+            .collect::<Result<Vec<Arc<RankDevice>>>>()?;
+        let first = devices.first().ok_or_else(|| Error::InvalidArgument {
+            rank: None,
+            what: "a world needs at least one rank".into(),
+        })?;
+        // Decisions must match across processes: process 0's figures.
+        let measured = CostModel::measure(first)?;
+        let figures = hub
+            .all_gather(measured.to_words().to_vec(), config.timeout())
+            .map_err(|what| Error::Transport {
+                process: Some(process),
+                what,
+            })?;
+        let cost = CostModel::from_words(&figures).unwrap_or(measured);
+
+        let group = split_id(u64::MAX, number, u32::MAX);
+        let layout = Layout {
+            group,
+            process_of: (0..total)
+                .map(|r| r.checked_div(local).unwrap_or(0))
+                .collect(),
+        };
+        let links: Vec<Arc<Link>> = ends::<Fingerprint>(&hub, layout)
+            .into_iter()
+            .skip(base)
+            .take(local)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::Transport {
+                process: Some(process),
+                what: "a rank of this process has no link".into(),
+            })?;
+        let config = config.with_placement(Placement::DevicePerRank);
+        let tuning = Tuning { algorithm, cost };
+        let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
+        pass_failures_on(&hub, group, &world.health);
+        world.hub = Some(hub);
+        tracing::info!(
+            process,
+            processes,
+            local,
+            total,
+            "world over MPI: ranks {base}..{}",
+            base.saturating_add(local)
+        );
+        Ok(world)
+    }
+}
+
+/// Failures recorded in this process go to the others, and theirs come
+/// here, for the world's group. A failure belongs to its run: one from a
+/// run this process has not started yet waits for it (a process may run
+/// ahead into the next run and fail there), one from a run it has left is
+/// stale.
+fn pass_failures_on(hub: &Arc<Hub>, group: u64, health: &Arc<Health>) {
+    let out = hub.clone();
+    health.announce_to(Box::new(move |run, origin, error| {
+        let origin = u32::try_from(origin).unwrap_or(u32::MAX);
+        out.notify(group, run, origin, &error.to_string());
+    }));
+    let (tx, rx) = crossbeam::channel::unbounded::<Notice>();
+    hub.on_notice(group, tx);
+    let health = Arc::downgrade(health);
+    let spawned = std::thread::Builder::new()
+        .name("mpi-notices".into())
+        .spawn(move || {
+            let mut later: Vec<Notice> = Vec::new();
+            loop {
+                // Ends when the hub, and with it the sender, is gone.
+                match rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(n) => later.push(n),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                let Some(h) = health.upgrade() else { return };
+                let now = h.runs();
+                later.retain(|(route, _)| route.epoch >= now);
+                let (due, rest) = std::mem::take(&mut later)
+                    .into_iter()
+                    .partition::<Vec<_>, _>(|(route, _)| route.epoch == now);
+                later = rest;
+                for (route, reason) in due {
+                    let origin = usize::try_from(route.from).unwrap_or(usize::MAX);
+                    h.fail_elsewhere(
+                        origin,
+                        Error::PeerFailed {
+                            rank: origin,
+                            seq: 0,
+                            doing: String::new(),
+                            peer: origin,
+                            reason,
+                            flight: String::new(),
+                        },
+                    );
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no thread for failures from other processes: they will be seen at deadlines");
+    }
+}

@@ -1,0 +1,304 @@
+//! Collectives across processes, run under mpirun (feature `mpi`):
+//! `mpirun -n P target/release/deps/mpi-*`, each process holding 2 ranks.
+//! Every process runs the same checks in the same order (one MPI universe
+//! per process, so no test harness); every rank checks its own result
+//! against a CPU reference, and any failure makes the process exit 1.
+//!
+//! `WGPU_COLLECTIVES_MPI_TEST=kill` instead runs the failure check for
+//! `mpirun --enable-recovery`: the last process exits in the middle of
+//! a collective, and every other must end with an error naming one of its
+//! ranks, well within the timeout (see .ci/run).
+
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use common::{Num, check, inputs, ops_for, reference};
+use half::{bf16, f16};
+use wgpu_collectives::{Communicator, Error, ReduceOp, World, WorldConfig};
+
+type Check = Result<(), String>;
+
+fn fail(what: &str, e: Error) -> String {
+    format!("{what}: {e}")
+}
+
+/// all_reduce of every op on `T` at `lens`, out of place and in place.
+fn all_reduce<T: Num>(c: &Communicator, lens: &[usize]) -> Check {
+    let n = c.size();
+    for op in ops_for(T::DTYPE) {
+        for &len in lens {
+            let what = format!("all_reduce {} {op:?} len {len}", T::DTYPE.name());
+            let x = c
+                .tensor(&inputs::<T>(op, c.rank(), len))
+                .map_err(|e| fail(&what, e))?;
+            let y = c
+                .all_reduce(&x, op)
+                .and_then(|w| w.wait())
+                .and_then(|t| t.to_vec::<T>())
+                .map_err(|e| fail(&what, e))?;
+            check(&what, op, &y, &reference::<T>(op, n, len));
+        }
+    }
+    Ok(())
+}
+
+fn values(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7 + rank * 13) % 101) as f32 * 0.25)
+        .collect()
+}
+
+/// all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier,
+/// coalesced all_reduce, against the values every rank can compute.
+fn the_others(c: &Communicator) -> Check {
+    let (n, me) = (c.size(), c.rank());
+    let len = 3001;
+    let x = c.tensor(&values(me, len)).map_err(|e| fail("tensor", e))?;
+    let get = |r: Result<wgpu_collectives::Tensor, Error>, what: &str| {
+        r.and_then(|t| t.to_vec::<f32>()).map_err(|e| fail(what, e))
+    };
+    let all: Vec<f32> = (0..n).flat_map(|r| values(r, len)).collect();
+    let gathered = get(c.all_gather(&x).and_then(|w| w.wait()), "all_gather")?;
+    assert_eq!(gathered, all, "all_gather");
+
+    let per = 1000;
+    let big = c
+        .tensor(&values(me, per * n))
+        .map_err(|e| fail("tensor", e))?;
+    let scattered = get(
+        c.reduce_scatter(&big, ReduceOp::Max).and_then(|w| w.wait()),
+        "reduce_scatter",
+    )?;
+    let want: Vec<f32> = (me * per..(me + 1) * per)
+        .map(|i| {
+            (0..n)
+                .map(|r| values(r, per * n)[i])
+                .fold(f32::MIN, f32::max)
+        })
+        .collect();
+    assert_eq!(scattered, want, "reduce_scatter max");
+
+    let root = n - 1;
+    let b = get(c.broadcast(&x, root).and_then(|w| w.wait()), "broadcast")?;
+    assert_eq!(b, values(root, len), "broadcast from the last rank");
+
+    let r = c
+        .reduce(&x, ReduceOp::Min, 1)
+        .and_then(|w| w.wait())
+        .map_err(|e| fail("reduce", e))?;
+    if me == 1 {
+        let got = r.to_vec::<f32>().map_err(|e| fail("reduce", e))?;
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|q| values(q, len)[i]).fold(f32::MAX, f32::min))
+            .collect();
+        assert_eq!(got, want, "reduce min to rank 1");
+    }
+
+    // all_to_all: rank r sends r + 1 + j elements to rank j.
+    let send: Vec<usize> = (0..n).map(|j| me + 1 + j).collect();
+    let recv: Vec<usize> = (0..n).map(|j| j + 1 + me).collect();
+    let mine: Vec<u32> = (0..send.iter().sum::<usize>())
+        .map(|i| (me * 1000 + i) as u32)
+        .collect();
+    let t = c.tensor(&mine).map_err(|e| fail("tensor", e))?;
+    let got = c
+        .all_to_all(&t, Some(&send), Some(&recv))
+        .and_then(|w| w.wait())
+        .and_then(|t| t.to_vec::<u32>())
+        .map_err(|e| fail("all_to_all", e))?;
+    let mut want = Vec::new();
+    for j in 0..n {
+        let start: usize = (0..me).map(|k| j + 1 + k).sum();
+        want.extend((start..start + me + 1 + j).map(|i| (j * 1000 + i) as u32));
+    }
+    assert_eq!(got, want, "all_to_all");
+
+    c.barrier()
+        .and_then(|w| w.wait().map(drop))
+        .map_err(|e| fail("barrier", e))?;
+
+    let parts = [c.tensor(&[me as i32; 5]), c.tensor(&[1i32; 300])];
+    let parts: Vec<_> = parts
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail("tensor", e))?;
+    let sums = c
+        .all_reduce_coalesced(&parts, ReduceOp::Sum)
+        .and_then(|w| w.wait_all())
+        .map_err(|e| fail("all_reduce_coalesced", e))?;
+    let total = (0..n as i32).sum::<i32>();
+    assert_eq!(
+        sums[0].to_vec::<i32>().map_err(|e| fail("read", e))?,
+        vec![total; 5]
+    );
+    assert_eq!(
+        sums[1].to_vec::<i32>().map_err(|e| fail("read", e))?,
+        vec![n as i32; 300]
+    );
+    Ok(())
+}
+
+/// Even and odd ranks split (each group spans every process), then
+/// all-reduce; and a ring of sends and receives across processes.
+fn split_and_p2p(c: &Communicator) -> Check {
+    let (n, me) = (c.size(), c.rank());
+    let sub = c
+        .split(Some((me % 2) as u32), me)
+        .map_err(|e| fail("split", e))?
+        .ok_or("split gave no communicator")?;
+    let x = sub.tensor(&[me as u32, 1]).map_err(|e| fail("tensor", e))?;
+    let got = sub
+        .all_reduce(&x, ReduceOp::Sum)
+        .and_then(|w| w.wait())
+        .and_then(|t| t.to_vec::<u32>())
+        .map_err(|e| fail("split all_reduce", e))?;
+    let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    let want = vec![members.iter().sum::<usize>() as u32, members.len() as u32];
+    assert_eq!(got, want, "all_reduce in the split group of rank {me}");
+
+    let len = 300_001; // more than one slice
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let out = c.tensor(&vec![0f32; len]).map_err(|e| fail("tensor", e))?;
+    let x = c.tensor(&values(me, len)).map_err(|e| fail("tensor", e))?;
+    let got = c
+        .group(|g| {
+            g.send(&x, next)?;
+            g.recv(&out, prev)?;
+            Ok(())
+        })
+        .and_then(|w| w.wait_all())
+        .and_then(|_| out.to_vec::<f32>())
+        .map_err(|e| fail("send/recv ring", e))?;
+    assert_eq!(
+        got,
+        values(prev, len),
+        "rank {me} received from rank {prev}"
+    );
+    Ok(())
+}
+
+/// A call that differs on one rank: every rank must fail, none hang.
+fn mismatch(c: &Communicator) -> Check {
+    let len = if c.rank() == 0 { 5 } else { 6 };
+    let x = c.tensor(&vec![1f32; len]).map_err(|e| fail("tensor", e))?;
+    match c.all_reduce(&x, ReduceOp::Sum).and_then(|w| w.wait()) {
+        Ok(_) => Err(format!(
+            "rank {}: a mismatched all_reduce succeeded",
+            c.rank()
+        )),
+        Err(Error::Mismatch { .. } | Error::PeerFailed { .. }) => Ok(()),
+        Err(e) => Err(format!("rank {}: expected a mismatch, got {e}", c.rank())),
+    }
+}
+
+/// Under `mpirun --enable-recovery`: the last process exits during an
+/// all_reduce; the others' ranks must report an error naming one of its
+/// ranks in bounded time.
+fn killed(world: &World, timeout: Duration) -> ExitCode {
+    let (processes, local) = world.processes();
+    let dying = world.local_ranks().contains(&(world.size() - 1));
+    let start = Instant::now();
+    let results = world.run(|c| -> Result<(), Error> {
+        let x = c.tensor(&vec![1f32; 1 << 20])?;
+        for i in 0.. {
+            if dying && i == 3 {
+                // The whole process goes, as a crash would.
+                std::process::exit(9);
+            }
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+        }
+        Ok(())
+    });
+    let took = start.elapsed();
+    let theirs: Vec<usize> = ((processes - 1) * local..processes * local).collect();
+    let mut ok = true;
+    for r in results.into_iter().flatten() {
+        match r {
+            Ok(()) => ok = false,
+            Err(e) => {
+                let text = e.to_string();
+                let named = theirs.iter().any(|q| text.contains(&format!("rank {q}")));
+                println!("survivor error after {took:?}: {text}");
+                ok &= named;
+            }
+        }
+    }
+    ok &= took < timeout * 3;
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> ExitCode {
+    let timeout = Duration::from_secs(20);
+    let world = match World::from_mpi(WorldConfig::new(2).with_timeout(timeout)) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("World::from_mpi: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (processes, local) = world.processes();
+    let me = world.local_ranks();
+    if std::env::var("WGPU_COLLECTIVES_MPI_TEST").as_deref() == Ok("kill") {
+        return killed(&world, timeout);
+    }
+    // The mismatch goes last: a failed run's late messages could reach a
+    // later run (a world that failed is made anew, as in NCCL).
+    let checks: [(&str, fn(&Communicator) -> Check); 8] = [
+        ("all_reduce f32", |c| all_reduce::<f32>(c, &[1, 7, 300_001])),
+        ("all_reduce f16", |c| all_reduce::<f16>(c, &[7, 4099])),
+        ("all_reduce bf16", |c| all_reduce::<bf16>(c, &[7, 4099])),
+        ("all_reduce i32", |c| all_reduce::<i32>(c, &[7, 4099])),
+        ("all_reduce u32", |c| all_reduce::<u32>(c, &[7, 4099])),
+        ("the other collectives", the_others),
+        ("split and point-to-point", split_and_p2p),
+        ("one rank issues another length", mismatch),
+    ];
+    let mut failed = false;
+    for (name, f) in &checks {
+        let start = Instant::now();
+        let results =
+            world.run(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))));
+        let mut line = Vec::new();
+        match results {
+            Err(e) => {
+                failed = true;
+                line.push(format!("run failed: {e}"));
+            }
+            Ok(rs) => {
+                for (rank, r) in me.clone().zip(rs) {
+                    match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            failed = true;
+                            line.push(format!("rank {rank}: {e}"));
+                        }
+                        Err(_) => {
+                            failed = true;
+                            line.push(format!("rank {rank} panicked"));
+                        }
+                    }
+                }
+            }
+        }
+        let verdict = if line.is_empty() { "ok" } else { "FAILED" };
+        println!(
+            "process {} of {processes} (ranks {me:?}): {name}: {verdict} in {:?} {}",
+            me.start / local.max(1),
+            start.elapsed(),
+            line.join("; ")
+        );
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
