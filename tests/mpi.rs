@@ -10,7 +10,6 @@
 //! ranks, well within the timeout (see .ci/run).
 
 #[path = "common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::process::ExitCode;
@@ -21,6 +20,8 @@ use half::{bf16, f16};
 use wgpu_collectives::{Communicator, Error, ReduceOp, World, WorldConfig};
 
 type Check = Result<(), String>;
+/// A named check every rank runs.
+type Named = (&'static str, fn(&Communicator) -> Check);
 
 fn fail(what: &str, e: Error) -> String {
     format!("{what}: {e}")
@@ -251,7 +252,7 @@ fn main() -> ExitCode {
     }
     // The mismatch goes last: a failed run's late messages could reach a
     // later run (a world that failed is made anew, as in NCCL).
-    let checks: [(&str, fn(&Communicator) -> Check); 8] = [
+    let checks: [Named; 8] = [
         ("all_reduce f32", |c| all_reduce::<f32>(c, &[1, 7, 300_001])),
         ("all_reduce f16", |c| all_reduce::<f16>(c, &[7, 4099])),
         ("all_reduce bf16", |c| all_reduce::<bf16>(c, &[7, 4099])),
