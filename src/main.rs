@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use wgpu_collectives::{ReduceOp, World, WorldConfig};
+use wgpu_collectives::{ReduceOp, WorldConfig};
 
 use bench::args::{self, Args};
 use bench::{ceiling, report};
@@ -53,14 +53,6 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let roots = if a.collective.rooted() {
-        a.roots.list(a.ranks)
-    } else {
-        vec![0]
-    };
-    if let Some(r) = roots.iter().find(|&&r| r >= a.ranks) {
-        return Err(format!("root {r} is not one of {} ranks", a.ranks).into());
-    }
     let mut config = WorldConfig::new(a.ranks).with_timeout(Duration::from_secs(a.timeout.max(1)));
     if let Some(b) = &a.backend {
         config = config.with_backends(wgpu::Backends::from_comma_list(b));
@@ -76,15 +68,39 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     };
     say("finding adapters, making devices, measuring the cost model ...");
-    let world = World::new(config)?;
+    let world = bench::world(config)?;
+    // Under mpirun every process measures; the one holding rank 0 prints.
+    let lead = world.local_ranks().start == 0;
+    let say = |what: &str| {
+        if lead {
+            say(what)
+        }
+    };
+    macro_rules! out {
+        ($($t:tt)*) => {
+            if lead {
+                println!($($t)*);
+            }
+        };
+    }
+    let roots = if a.collective.rooted() {
+        a.roots.list(world.size())
+    } else {
+        vec![0]
+    };
+    if let Some(r) = roots.iter().find(|&&r| r >= world.size()) {
+        return Err(format!("root {r} is not one of {} ranks", world.size()).into());
+    }
     let bus_factor = a.collective.bus_factor(world.size());
     say("measuring the ceiling ...");
     let ceiling = ceiling::measure(&world, a.max_bytes, bus_factor)?;
     say("");
-    print!("{}", bench::header(&world, a));
-    println!("{}", ceiling::lines(&ceiling));
-    println!("#");
-    println!("{}", bench::columns());
+    if lead {
+        print!("{}", bench::header(&world, a));
+    }
+    out!("{}", ceiling::lines(&ceiling));
+    out!("#");
+    out!("{}", bench::columns());
 
     let mut jobs = Vec::new();
     for bytes in args::sizes(a) {
@@ -100,7 +116,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let with_root = |root| Args { root, ..a.clone() };
     let mut rows = Vec::with_capacity(jobs.len());
     for (i, &(bytes, dtype, op, root)) in jobs.iter().enumerate() {
-        if progress {
+        if progress && lead {
             eprint!(
                 "\r\x1b[K[{}/{}] {} bytes {} {}",
                 i + 1,
@@ -112,10 +128,10 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             let _ = std::io::stderr().flush();
         }
         let row = bench::row(&world, &with_root(root), dtype, op, bytes)?;
-        if progress {
+        if progress && lead {
             eprint!("\r\x1b[K");
         }
-        println!("{}", bench::line(&row));
+        out!("{}", bench::line(&row));
         rows.push(row);
     }
 
@@ -147,12 +163,12 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ceiling::measure(&world, best_bytes, bus_factor)?
     };
     say("");
-    println!(
+    out!(
         "# Out of bounds values : {wrong} {}",
         if wrong == 0 { "OK" } else { "FAILED" }
     );
-    println!("# Avg bus bandwidth    : {avg:.3} ");
-    println!(
+    out!("# Avg bus bandwidth    : {avg:.3} ");
+    out!(
         "# Best bus bandwidth   : {best:.3} GB/s = {:.0}% of the {:.3} GB/s ceiling at {}",
         if at_best.busbw > 0.0 {
             100.0 * best / at_best.busbw
@@ -162,7 +178,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         at_best.busbw,
         ceiling::size(at_best.bytes)
     );
-    println!("#");
+    out!("#");
     let mut split = None;
     if let (Some(&(bytes, dtype, op, root)), Some(row)) = (jobs.last(), rows.last()) {
         say("splitting the last row's time ...");
@@ -170,7 +186,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         say("");
         // The row's real size (a multiple of what every rank moves).
         let bytes = row.bytes;
-        println!(
+        out!(
             "{}",
             bench::split_lines(
                 bytes,
@@ -179,11 +195,11 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 &profiles
             )
         );
-        println!("#");
+        out!("#");
         split = Some((bytes, profiles));
     }
 
-    if let Some(path) = &a.json {
+    if let (Some(path), true) = (&a.json, lead) {
         let split = split.as_ref().map(|(bytes, profiles)| report::Split {
             bytes: *bytes,
             profiles,
@@ -191,7 +207,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let doc = report::json(a, &world, &ceiling, &rows, avg, split);
         std::fs::write(path, doc).map_err(|e| format!("writing {path}: {e}"))?;
     }
-    if let Some(path) = &a.plot {
+    if let (Some(path), true) = (&a.plot, lead) {
         let adapter = world.adapters().first().map_or("?", |i| i.name.as_str());
         report::plot(
             path,

@@ -26,7 +26,7 @@ use crate::runtime::cost::{CostModel, Tuning};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
-use crate::transport::mpi::hub::{Hub, Notice};
+use crate::transport::mpi::hub::{Hub, Notice, Route};
 use crate::transport::mpi::{Layout, ends, split_id};
 
 /// MPI is initialised once per process and finalised when the last world
@@ -184,7 +184,10 @@ impl World {
         let config = config.with_placement(Placement::DevicePerRank);
         let tuning = Tuning { algorithm, cost };
         let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
-        pass_failures_on(&hub, group, &world.health);
+        pass_failures_on(&hub, group, local, &world.health);
+        // A process that dies says nothing: the others notice its silence
+        // within half the timeout, before their own waits run out.
+        hub.watch(config.timeout() / 2);
         world.hub = Some(hub);
         tracing::info!(
             process,
@@ -202,8 +205,9 @@ impl World {
 /// here, for the world's group. A failure belongs to its run: one from a
 /// run this process has not started yet waits for it (a process may run
 /// ahead into the next run and fail there), one from a run it has left is
-/// stale.
-fn pass_failures_on(hub: &Arc<Hub>, group: u64, health: &Arc<Health>) {
+/// stale. A process found silent (dead, or hung) fails every run from
+/// then on, naming its ranks.
+fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Health>) {
     let out = hub.clone();
     health.announce_to(Box::new(move |run, origin, error| {
         let origin = u32::try_from(origin).unwrap_or(u32::MAX);
@@ -215,11 +219,23 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, health: &Arc<Health>) {
     let spawned = std::thread::Builder::new()
         .name("mpi-notices".into())
         .spawn(move || {
-            let mut later: Vec<Notice> = Vec::new();
+            let mut later: Vec<(Route, String)> = Vec::new();
+            let mut dead: Vec<(usize, String)> = Vec::new();
             loop {
                 // Ends when the hub, and with it the sender, is gone.
                 match rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(n) => later.push(n),
+                    Ok(Notice::Failed(route, text)) => later.push((route, text)),
+                    Ok(Notice::Silent { process, quiet }) => {
+                        let first = process.saturating_mul(local);
+                        let last = first.saturating_add(local.saturating_sub(1));
+                        dead.push((
+                            first,
+                            format!(
+                                "process {process} (ranks {first} to {last}) has sent nothing, \
+                                 not even its heartbeat, for {quiet:.1?}: it died or hangs"
+                            ),
+                        ));
+                    }
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
@@ -230,8 +246,11 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, health: &Arc<Health>) {
                     .into_iter()
                     .partition::<Vec<_>, _>(|(route, _)| route.epoch == now);
                 later = rest;
-                for (route, reason) in due {
-                    let origin = usize::try_from(route.from).unwrap_or(usize::MAX);
+                let due = due
+                    .into_iter()
+                    .map(|(route, text)| (usize::try_from(route.from).unwrap_or(usize::MAX), text));
+                // A dead process fails every run, this one and the next.
+                for (origin, reason) in due.chain(dead.iter().cloned()) {
                     h.fail_elsewhere(
                         origin,
                         Error::PeerFailed {

@@ -81,12 +81,15 @@ fn buffer(dev: &wgpu::Device, size: u64, usage: wgpu::BufferUsages, mapped: bool
     })
 }
 
-/// Measures on rank 0's device with `bytes` (clamped to 1..64 MiB) per copy.
+/// Measures on the device of this process's first rank (rank 0's in one
+/// process) with `bytes` (clamped to 1..64 MiB) per copy.
 /// Measures the ceiling for a collective of `bytes` whose busbw is its
 /// algbw times `bus_factor`.
 pub fn measure(world: &World, bytes: u64, bus_factor: f64) -> Result<Ceiling, String> {
     use wgpu::BufferUsages as U;
-    let c: &Communicator = world.communicator(0).ok_or("no rank 0")?;
+    let c: &Communicator = world
+        .communicator(world.local_ranks().start)
+        .ok_or("no rank in this process")?;
     let dev = c.device();
     // At the size it is compared with (copies of a few KiB run at their
     // latency, not at the memory's bandwidth), up to 64 MiB.

@@ -4,9 +4,9 @@
 
 use super::ddp_train::{Mlp, RankRun, Schedule, StepStats, default_cost, refit, train_with};
 use clap::{Parser, ValueEnum};
+use wgpu_collectives::WorldConfig;
 use wgpu_collectives::graph::calibrate::Calibration;
 use wgpu_collectives::graph::chrome_trace;
-use wgpu_collectives::{World, WorldConfig};
 
 /// Which schedules to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -97,7 +97,16 @@ fn per_step(runs: &[RankRun], f: fn(&StepStats) -> f64) -> Vec<f64> {
 /// Runs the training; returns the process exit status.
 pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let a = DdpArgs::parse_from(std::iter::once("ddp".to_string()).chain(args.iter().cloned()));
-    let world = World::new(WorldConfig::new(a.ranks))?;
+    let world = super::world(WorldConfig::new(a.ranks))?;
+    // Under mpirun every process trains; the one holding rank 0 prints.
+    let lead = world.local_ranks().start == 0;
+    macro_rules! out {
+        ($($t:tt)*) => {
+            if lead {
+                println!($($t)*);
+            }
+        };
+    }
     let m = Mlp {
         layers: a.layers,
         hidden: a.hidden,
@@ -106,9 +115,9 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         seed: a.seed,
         bucket_bytes: (a.bucket_mb * (1 << 20) as f64) as usize,
     };
-    println!(
+    out!(
         "# ddp: {} ranks on {}, {} layers of {}, batch {}, {} steps, lr {}, buckets of {} MiB",
-        a.ranks,
+        world.size(),
         world.adapters().first().map_or("?", |i| i.name.as_str()),
         a.layers,
         a.hidden,
@@ -132,9 +141,14 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let mut cost = default_cost(&world);
     for (i, (s, name)) in schedules.into_iter().enumerate() {
         let runs = train_with(&world, &m, a.steps, s, false, &cost)?;
-        println!(
+        out!(
             "#\n# schedule {name}\n# {:>4} {:>10} {:>12} {:>10} {:>12} {:>12}",
-            "step", "time(ms)", "compute(ms)", "comm(ms)", "exposed(ms)", "loss"
+            "step",
+            "time(ms)",
+            "compute(ms)",
+            "comm(ms)",
+            "exposed(ms)",
+            "loss"
         );
         let (t, c, k, e) = (
             per_step(&runs, |s| s.step_us / 1e3),
@@ -143,16 +157,37 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             per_step(&runs, |s| s.exposed_us / 1e3),
         );
         for (i, st) in runs[0].steps.iter().enumerate() {
-            println!(
+            out!(
                 "  {:>4} {:>10.2} {:>12.2} {:>10.2} {:>12.2} {:>12.6}",
-                i, t[i], c[i], k[i], e[i], st.loss
+                i,
+                t[i],
+                c[i],
+                k[i],
+                e[i],
+                st.loss
             );
         }
         summary.push((name, median(t), median(c), median(k), median(e)));
-        calibration(&runs);
+        if let Some(agree) = runs.first().and_then(|r| r.weights_agree) {
+            if !agree {
+                return Err(format!(
+                    "schedule {name}: the ranks' weights differ after {} steps",
+                    a.steps
+                )
+                .into());
+            }
+            out!(
+                "# weights after {} steps: the same bits on all {} ranks",
+                a.steps,
+                world.size()
+            );
+        }
+        if lead {
+            calibration(&runs);
+        }
         if a.refit && i == 0 {
             cost = refit(&world, &runs, &cost)?;
-            println!(
+            out!(
                 "# cost model refit to this schedule: hop {:.1} us + {:.3} GB/s, \
                  dispatch {:.1} us, matmul {:.2} GFLOP/s, element-wise {:.2} GB/s",
                 cost.comm.alpha.as_secs_f64() * 1e6,
@@ -168,17 +203,21 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     // the communication costs; the overlap schedule's includes time spent
     // hidden behind compute.
     let comm_cost = summary.first().map_or(0.0, |s| s.3);
-    println!(
+    out!(
         "#\n# medians over steps (ms): {:>10} {:>12} {:>10} {:>12} {:>10}",
-        "step", "compute", "comm", "exposed", "ideal"
+        "step",
+        "compute",
+        "comm",
+        "exposed",
+        "ideal"
     );
     for (name, t, c, k, e) in &summary {
-        println!(
+        out!(
             "#   {name:<22} {t:>10.2} {c:>12.2} {k:>10.2} {e:>12.2} {:>10.2}",
             c.max(comm_cost)
         );
     }
-    println!(
+    out!(
         "#   (comm: issue to end of wait; ideal: max(compute, the {} schedule's comm))",
         summary.first().map_or("", |s| s.0)
     );

@@ -97,6 +97,9 @@ pub struct RankRun {
     pub timeline: Vec<Event>,
     /// The last step's estimates and measurements (for calibration).
     pub samples: Vec<Sample>,
+    /// Whether every rank of the world (in every process) ended with the
+    /// same weights, bit for bit (`None` when they are sharded).
+    pub weights_agree: Option<bool>,
 }
 
 fn unit(seed: u64, i: usize) -> f32 {
@@ -244,6 +247,7 @@ fn rank_steps(
         weight_bits: Vec::new(),
         timeline: Vec::new(),
         samples: Vec::new(),
+        weights_agree: None,
     };
     let (x, y) = m.data();
     // Progress for a person watching (rank 0, on a terminal only).
@@ -301,7 +305,25 @@ fn rank_steps(
         run.samples = calibrate::samples(g, &out, cost);
         run.timeline = out.timeline;
     }
+    if !sharded {
+        run.weights_agree = Some(same_everywhere(c, &weights)?);
+    }
     Ok(run)
+}
+
+/// Whether `weights` are the same bits on every rank: each rank's digest
+/// (FNV-1a over the bits), all-gathered.
+fn same_everywhere(c: &Communicator, weights: &[Tensor]) -> Result<bool> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in weights {
+        for v in w.to_vec::<f32>()? {
+            h ^= u64::from(v.to_bits());
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    let mine = c.tensor(&[h as u32, (h >> 32) as u32])?;
+    let all = c.all_gather(&mine)?.wait()?.to_vec::<u32>()?;
+    Ok(all.chunks(2).all(|d| d == [h as u32, (h >> 32) as u32]))
 }
 
 /// The cost model the schedules start from: the world's hop model (rank
@@ -318,9 +340,14 @@ pub fn default_cost(world: &World) -> GraphCost {
 /// `cost` refit to what `runs` measured (collective: every rank fits its
 /// own samples and the ranks agree on the average).
 pub fn refit(world: &World, runs: &[RankRun], cost: &GraphCost) -> Result<GraphCost> {
+    let base = world.local_ranks().start;
     let fits = world.run(|c| {
         let none = Vec::new();
-        let samples = runs.get(c.rank()).map_or(&none, |r| &r.samples);
+        let samples = c
+            .rank()
+            .checked_sub(base)
+            .and_then(|i| runs.get(i))
+            .map_or(&none, |r| &r.samples);
         calibrate::refit(c, samples, cost)
     })?;
     fits.into_iter().next().unwrap_or(Ok(*cost))

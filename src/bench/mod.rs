@@ -16,9 +16,53 @@ pub mod report;
 
 use std::time::Instant;
 
-use wgpu_collectives::{Communicator, DType, Error, Profile, ReduceOp, Tensor, Work, World};
+use wgpu_collectives::{
+    Communicator, DType, Error, Profile, ReduceOp, Tensor, Work, World, WorldConfig,
+};
 
 use args::{Args, Collective};
+
+/// The benchmark's world: over the processes of an MPI job when it runs
+/// under mpirun and was built with the `mpi` feature (`config`'s ranks in
+/// each process), else in this process.
+pub fn world(config: WorldConfig) -> Result<World, Error> {
+    #[cfg(feature = "mpi")]
+    if under_mpirun() {
+        return World::from_mpi(config);
+    }
+    World::new(config)
+}
+
+/// Whether a launcher (OpenMPI's mpirun, or a PMI one) started this process.
+#[cfg(feature = "mpi")]
+fn under_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// A rank's (mean seconds, wrong elements) made the world's: the slowest
+/// rank's time and every rank's wrong elements, on every rank, so that the
+/// process that prints (under mpirun, one of several) prints the whole
+/// world's figures.
+fn whole_world(
+    c: &Communicator,
+    (secs, wrong): (f64, Option<u64>),
+) -> Result<(f64, Option<u64>), Error> {
+    let slowest = c
+        .all_reduce(&c.tensor(&[secs as f32])?, ReduceOp::Max)?
+        .wait()?
+        .to_vec::<f32>()?;
+    let count = u32::try_from(wrong.unwrap_or(0)).unwrap_or(u32::MAX);
+    let wrongs = c
+        .all_reduce(&c.tensor(&[count])?, ReduceOp::Sum)?
+        .wait()?
+        .to_vec::<u32>()?;
+    Ok((
+        slowest.first().map_or(secs, |&s| f64::from(s).max(secs)),
+        wrong.map(|_| wrongs.first().map_or(0, |&w| u64::from(w))),
+    ))
+}
 
 /// One measured half of a row (out-of-place or in-place).
 #[derive(Debug, Clone, Copy)]
@@ -193,8 +237,16 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
         &[false]
     };
     for &in_place in placements {
+        let processes = world.processes().0;
         let per_rank = world
-            .run(|c| measure(c, a, dtype, op, s, in_place))?
+            .run(|c| {
+                let m = measure(c, a, dtype, op, s, in_place)?;
+                if processes > 1 {
+                    whole_world(c, m)
+                } else {
+                    Ok(m)
+                }
+            })?
             .into_iter()
             .collect::<Result<Vec<_>, Error>>()?;
         halves.push(timing(s.bytes, per_rank, factor));
@@ -318,7 +370,13 @@ pub fn header(world: &World, a: &Args) -> String {
         world.placement(),
         world.transport()
     );
-    for (rank, info) in world.adapters().iter().enumerate() {
+    let (processes, local) = world.processes();
+    if processes > 1 {
+        s += &format!(
+            "#  processes: {processes} x {local} local ranks (MPI); the ranks below are this process's, the others' devices are theirs\n"
+        );
+    }
+    for (rank, info) in world.local_ranks().zip(world.adapters()) {
         s += &format!(
             "#  Rank {rank:2} on {} [{:?}, {:?}] driver {} {}\n",
             info.name, info.backend, info.device_type, info.driver, info.driver_info

@@ -21,9 +21,9 @@
 //! but the ranks' devices need the cores.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use crossbeam::queue::ArrayQueue;
@@ -56,7 +56,7 @@ const IDLE_MAX: Duration = Duration::from_micros(500);
 const SPINS: u32 = 64;
 
 /// Where a frame goes: a rank (`to`) of a group, from a rank of it, on a lane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Route {
     pub group: u64,
     /// The run of the group the frame belongs to (see `Remote::drain`).
@@ -72,15 +72,39 @@ pub(crate) struct Frame {
     pub body: Vec<u8>,
 }
 
-/// A message for a whole group rather than one rank (a failure to
-/// announce): the group's route (its `from` the rank that failed), and
-/// the text.
-pub(crate) type Notice = (Route, String);
+/// What the hub tells a group rather than one rank.
+pub(crate) enum Notice {
+    /// A rank of another process recorded a failure: the group's route
+    /// (its run, and in `from` the rank that failed) and the error's text.
+    Failed(Route, String),
+    /// A process has sent nothing, not even its heartbeat, for `quiet`
+    /// (more than the liveness window): it died, or hangs.
+    Silent { process: usize, quiet: Duration },
+}
 
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Data = 0,
     Notice = 1,
+    /// A heartbeat: the process is alive.
+    Beat = 2,
+    /// The process finalises MPI: silence from it from now on is no failure.
+    Bye = 3,
 }
+
+impl Kind {
+    fn of(code: u8) -> Kind {
+        match code {
+            1 => Kind::Notice,
+            2 => Kind::Beat,
+            3 => Kind::Bye,
+            _ => Kind::Data,
+        }
+    }
+}
+
+/// How often a process tells the others it is alive.
+const BEAT: Duration = Duration::from_millis(100);
 
 enum Command {
     Send {
@@ -116,8 +140,23 @@ pub(crate) struct Hub {
     pub process: usize,
     pub processes: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// A failure was seen: leave MPI without finalising it.
+    /// A failure was seen: MPI_Finalize gets less time.
     failed: AtomicBool,
+    /// Ranks waiting for a frame from another process: while any is, the
+    /// thread keeps probing instead of sleeping.
+    waiting: Arc<AtomicUsize>,
+    /// How long another process may stay silent before its ranks count as
+    /// failed (ms; 0: not watched yet).
+    liveness: Arc<AtomicU64>,
+}
+
+/// A rank's wait for a frame, counted while it lasts (see `Hub::waiting`).
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Drop for Hub {
@@ -135,10 +174,17 @@ impl Hub {
         let routes = Arc::new(Mutex::new(Routes::default()));
         let pool = Arc::new(ArrayQueue::new(256));
         let (ready_tx, ready_rx) = bounded(1);
-        let (r, p) = (routes.clone(), pool.clone());
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let liveness = Arc::new(AtomicU64::new(0));
+        let (r, p, w, l) = (
+            routes.clone(),
+            pool.clone(),
+            waiting.clone(),
+            liveness.clone(),
+        );
         let thread = std::thread::Builder::new()
             .name("mpi-hub".into())
-            .spawn(move || serve(rx, r, p, ready_tx))
+            .spawn(move || serve(rx, r, p, w, &l, ready_tx))
             .map_err(|e| format!("spawning the MPI thread: {e}"))?;
         let (process, processes) = ready_rx
             .recv()
@@ -151,7 +197,27 @@ impl Hub {
             processes,
             thread: Mutex::new(Some(thread)),
             failed: AtomicBool::new(false),
+            waiting,
+            liveness,
         })
+    }
+
+    /// Watches the other processes from now on: one silent (not even a
+    /// heartbeat) for longer than `window` is reported to every group's
+    /// listener. The shortest window asked for wins.
+    pub(crate) fn watch(&self, window: Duration) {
+        let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        let _ = self
+            .liveness
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                Some(if now == 0 { ms } else { now.min(ms) })
+            });
+    }
+
+    /// Counts a rank as waiting for a frame until the guard drops.
+    pub(crate) fn wait(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(&self.waiting)
     }
 
     /// Sends a frame to `process`.
@@ -263,7 +329,7 @@ impl Hub {
             return;
         };
         let deadline = crate::deadline::after(limit);
-        while !t.is_finished() && std::time::Instant::now() < deadline {
+        while !t.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
         if t.is_finished() {
@@ -291,7 +357,7 @@ fn encode_head(kind: Kind, route: Route, header: &[u8], body: usize) -> [u8; HEA
     h
 }
 
-fn decode_head(h: &[u8; HEAD]) -> (Route, bool, usize, [u8; HEADER]) {
+fn decode_head(h: &[u8; HEAD]) -> (Route, Kind, usize, [u8; HEADER]) {
     let u64_at = |i: usize| {
         let mut b = [0u8; 8];
         if let Some(s) = h.get(i..i.saturating_add(8)) {
@@ -313,13 +379,13 @@ fn decode_head(h: &[u8; HEAD]) -> (Route, bool, usize, [u8; HEADER]) {
         lane: h.get(16).copied().unwrap_or(0),
         epoch: u32_at(18),
     };
-    let notice = h.get(17).copied() == Some(Kind::Notice as u8);
+    let kind = Kind::of(h.get(17).copied().unwrap_or(0));
     let body = usize::try_from(u64_at(22)).unwrap_or(usize::MAX);
     let mut header = [0u8; HEADER];
     if let Some(s) = h.get(30..) {
         header.copy_from_slice(s);
     }
-    (route, notice, body, header)
+    (route, kind, body, header)
 }
 
 /// The MPI thread: initialises MPI, says so through `ready`, then serves.
@@ -327,6 +393,8 @@ fn serve(
     commands: Receiver<Command>,
     routes: Arc<Mutex<Routes>>,
     pool: Arc<ArrayQueue<Vec<u8>>>,
+    waiting: Arc<AtomicUsize>,
+    liveness: &AtomicU64,
     ready: Sender<Result<(usize, usize), String>>,
 ) {
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
@@ -346,7 +414,7 @@ fn serve(
     let process = usize::try_from(world.rank()).unwrap_or(0);
     let processes = usize::try_from(world.size()).unwrap_or(1);
     let _ = ready.send(Ok((process, processes)));
-    pump(&world, &commands, &routes, &pool);
+    pump(&world, &commands, &routes, &pool, &waiting, liveness);
     drop(world);
     // MPI_Finalize: a dead peer can hold it; `Hub::finish` bounds the wait.
     drop(universe);
@@ -360,17 +428,28 @@ struct Pump<'a> {
     /// Sends in flight, each holding its bytes.
     sending: Vec<Sending>,
     /// Told to finish, when: sends still in flight get `FINISH_FAILED`.
-    finish: Option<std::time::Instant>,
+    finish: Option<Instant>,
     head: [u8; HEAD],
+    /// When each process was last heard from (any frame, or a heartbeat).
+    heard: Vec<Instant>,
+    /// Processes that said goodbye, or were found silent.
+    gone: Vec<bool>,
+    /// When this process last sent its heartbeat.
+    beat: Instant,
+    /// How long a process may stay silent (ms; 0 until a world sets it).
+    liveness: &'a AtomicU64,
 }
 
 /// Serves until told to finish and its sends are done (or given up).
-fn pump(
-    world: &SimpleCommunicator,
+fn pump<'a>(
+    world: &'a SimpleCommunicator,
     commands: &Receiver<Command>,
-    routes: &Mutex<Routes>,
-    pool: &ArrayQueue<Vec<u8>>,
+    routes: &'a Mutex<Routes>,
+    pool: &'a ArrayQueue<Vec<u8>>,
+    waiting: &AtomicUsize,
+    liveness: &'a AtomicU64,
 ) {
+    let processes = usize::try_from(world.size()).unwrap_or(1);
     let mut p = Pump {
         world,
         routes,
@@ -378,6 +457,12 @@ fn pump(
         sending: Vec::new(),
         finish: None,
         head: [0u8; HEAD],
+        heard: vec![Instant::now(); processes],
+        gone: (0..processes)
+            .map(|q| i32::try_from(q).ok() == Some(world.rank()))
+            .collect(),
+        beat: Instant::now(),
+        liveness,
     };
     let mut idle: u32 = 0;
     loop {
@@ -388,6 +473,7 @@ fn pump(
         }
         busy |= p.receive();
         busy |= p.reap();
+        p.keep_alive();
         if let Some(since) = p.finish {
             if p.sending.is_empty() || since.elapsed() > FINISH_FAILED {
                 return;
@@ -395,7 +481,7 @@ fn pump(
         }
         if busy {
             idle = 0;
-        } else if !p.sending.is_empty() || idle < SPINS {
+        } else if !p.sending.is_empty() || waiting.load(Ordering::Acquire) > 0 || idle < SPINS {
             // MPI progresses only inside calls: keep calling, but let the
             // ranks' threads run in between.
             idle = idle.saturating_add(1);
@@ -444,7 +530,49 @@ impl Pump<'_> {
                 self.world.all_gather_into(&mine[..], &mut all[..]);
                 let _ = reply.send(all);
             }
-            Command::Finish => self.finish = Some(std::time::Instant::now()),
+            Command::Finish => {
+                self.tell_all(Kind::Bye);
+                self.finish = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Sends `kind` (no route, no body) to every process not gone.
+    fn tell_all(&mut self, kind: Kind) {
+        let head = encode_head(kind, Route::default(), &[], 0);
+        for q in 0..self.gone.len() {
+            if !self.gone.get(q).copied().unwrap_or(true) {
+                self.handle(Command::Send {
+                    process: q,
+                    head,
+                    body: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// Sends the heartbeat when it is due, and tells the groups of a
+    /// process silent for longer than the liveness window.
+    fn keep_alive(&mut self) {
+        let window = Duration::from_millis(self.liveness.load(Ordering::Acquire));
+        if window.is_zero() || self.finish.is_some() {
+            return;
+        }
+        if self.beat.elapsed() >= BEAT.min(window / 4) {
+            self.beat = Instant::now();
+            self.tell_all(Kind::Beat);
+        }
+        for q in 0..self.gone.len() {
+            let quiet = self.heard.get(q).map_or(Duration::ZERO, Instant::elapsed);
+            if quiet > window && !self.gone.get(q).copied().unwrap_or(true) {
+                if let Some(g) = self.gone.get_mut(q) {
+                    *g = true;
+                }
+                tracing::error!(process = q, ?quiet, "MPI: a process has gone silent");
+                for n in lock(self.routes).notices.values() {
+                    let _ = n.send(Notice::Silent { process: q, quiet });
+                }
+            }
         }
     }
 
@@ -458,15 +586,32 @@ impl Pump<'_> {
         {
             any = true;
             let status = msg.matched_receive_into(&mut self.head[..]);
-            let (route, notice, len, header) = decode_head(&self.head);
+            let (route, kind, len, header) = decode_head(&self.head);
             let mut body = self.pool.pop().unwrap_or_default();
             body.clear();
             body.resize(len, 0);
             // The body follows its head from the same process.
+            let source = status.source_rank();
             self.world
-                .process_at_rank(status.source_rank())
+                .process_at_rank(source)
                 .receive_into_with_tag(&mut body[..], TAG_BODY);
-            deliver(self.routes, route, notice, Frame { header, body });
+            let from = usize::try_from(source).unwrap_or(usize::MAX);
+            if let Some(t) = self.heard.get_mut(from) {
+                *t = Instant::now();
+            }
+            match kind {
+                Kind::Beat => {
+                    let _ = self.pool.push(body);
+                }
+                Kind::Bye => {
+                    if let Some(g) = self.gone.get_mut(from) {
+                        *g = true;
+                    }
+                }
+                Kind::Notice | Kind::Data => {
+                    deliver(self.routes, route, kind, Frame { header, body });
+                }
+            }
         }
         any
     }
@@ -495,12 +640,12 @@ impl Pump<'_> {
 
 /// Hands a frame to its route, or keeps it until the route opens; a
 /// notice goes to whoever listens for them.
-fn deliver(routes: &Mutex<Routes>, route: Route, notice: bool, frame: Frame) {
+fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
     let mut r = lock(routes);
-    if notice {
+    if kind == Kind::Notice {
         if let Some(n) = r.notices.get(&route.group) {
             let text = String::from_utf8_lossy(&frame.body).into_owned();
-            let _ = n.send((route, text));
+            let _ = n.send(Notice::Failed(route, text));
         }
         return;
     }

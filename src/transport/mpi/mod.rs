@@ -196,6 +196,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             .get(at)
             .and_then(Option::clone)
             .ok_or(Closed)?;
+        let _waiting = self.hub.wait();
         let frame = match rx.recv_timeout(limit) {
             Ok(f) => f,
             Err(RecvTimeoutError::Timeout) => return Ok(None),
