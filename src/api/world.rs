@@ -72,7 +72,7 @@ impl WorldConfig {
         self
     }
 
-    fn placement(&self) -> Result<Placement> {
+    pub(crate) fn placement(&self) -> Result<Placement> {
         match self.placement {
             Some(p) => Ok(p),
             None => Placement::from_env(),

@@ -140,17 +140,28 @@ impl World {
 
         let (_instance, adapters) = find_adapters(&config)?;
         let wants = config.wants();
-        let devices = (0..local)
-            .map(|l| {
-                let adapter = adapters
-                    .get(l.checked_rem(adapters.len()).unwrap_or(0))
-                    .ok_or_else(|| Error::NoAdapter {
-                        backends: String::new(),
-                        name: String::new(),
-                    })?;
-                RankDevice::new(base.saturating_add(l), adapter, config.timeout(), &wants)
-            })
-            .collect::<Result<Vec<Arc<RankDevice>>>>()?;
+        // Ranks of this process on one adapter share its device (one
+        // owner, one queue), unless the placement asks for a device each;
+        // either way hops between them go through host staging.
+        let per_rank = config.placement()? == Placement::DevicePerRank;
+        let mut on_adapter: Vec<Option<Arc<RankDevice>>> = vec![None; adapters.len()];
+        let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(local);
+        for l in 0..local {
+            let rank = base.saturating_add(l);
+            let at = l.checked_rem(adapters.len()).unwrap_or(0);
+            let adapter = adapters.get(at).ok_or_else(|| Error::NoAdapter {
+                backends: String::new(),
+                name: String::new(),
+            })?;
+            let dev = match on_adapter.get(at).and_then(Option::as_ref) {
+                Some(d) if !per_rank => d.share(rank),
+                _ => RankDevice::new(rank, adapter, config.timeout(), &wants)?,
+            };
+            if let Some(slot @ None) = on_adapter.get_mut(at) {
+                *slot = Some(dev.clone());
+            }
+            devices.push(dev);
+        }
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
             rank: None,
             what: "a world needs at least one rank".into(),
