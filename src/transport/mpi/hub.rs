@@ -588,7 +588,7 @@ impl Pump<'_> {
             let status = msg.matched_receive_into(&mut self.head[..]);
             let (route, kind, len, header) = decode_head(&self.head);
             let mut body = self.pool.pop().unwrap_or_default();
-            body.clear();
+            // Only what the buffer grows by is zeroed.
             body.resize(len, 0);
             // The body follows its head from the same process.
             let source = status.source_rank();
