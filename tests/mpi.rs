@@ -7,7 +7,8 @@
 //! `WGPU_COLLECTIVES_MPI_TEST=kill` instead runs the failure check for
 //! `mpirun --enable-recovery`: the last process exits in the middle of
 //! a collective, and every other must end with an error naming one of its
-//! ranks, well within the timeout (see .ci/run).
+//! ranks, well within the timeout (see .ci/run). `=disagree` checks that
+//! processes asking for different rank counts all get an error.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -239,8 +240,38 @@ fn killed(world: &World, timeout: Duration) -> ExitCode {
     }
 }
 
+/// Process 0 asks for 2 ranks, the others for 1: every process must get
+/// `Error::Transport` naming what each said, none a world or a hang.
+fn disagree() -> ExitCode {
+    let process: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let ranks = if process == 0 { 2 } else { 1 };
+    match World::from_mpi(WorldConfig::new(ranks).with_timeout(Duration::from_secs(10))) {
+        Err(Error::Transport { what, .. })
+            if what.contains("process 0: 2 ranks") && what.contains("process 1: 1 ranks") =>
+        {
+            println!("disagree check passed on process {process}: {what}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("process {process}: expected Error::Transport, got {e}");
+            ExitCode::FAILURE
+        }
+        Ok(_) => {
+            println!("process {process}: a world was made from disagreeing processes");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let kill = std::env::var("WGPU_COLLECTIVES_MPI_TEST").as_deref() == Ok("kill");
+    let mode = std::env::var("WGPU_COLLECTIVES_MPI_TEST").unwrap_or_default();
+    if mode == "disagree" {
+        return disagree();
+    }
+    let kill = mode == "kill";
     // The kill check waits out one timeout: a short one keeps CI short.
     let timeout = Duration::from_secs(if kill { 5 } else { 20 });
     let world = match World::from_mpi(WorldConfig::new(2).with_timeout(timeout)) {

@@ -22,7 +22,7 @@ use crate::api::placement::Placement;
 use crate::api::world::{MAX_RANKS, World, WorldConfig, check, find_adapters};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::runtime::cost::{CostModel, Tuning};
+use crate::runtime::cost::{Algorithm, CostModel, Tuning};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -114,6 +114,15 @@ impl World {
                 .enumerate()
                 .map(|(p, s)| match s {
                     [l, n, a, t] => {
+                        let a = [
+                            Algorithm::Auto,
+                            Algorithm::Ring,
+                            Algorithm::OneShot,
+                            Algorithm::Direct,
+                        ]
+                        .into_iter()
+                        .find(|&x| x as u64 == *a)
+                        .map_or("?", Algorithm::name);
                         format!("process {p}: {l} ranks, world #{n}, algorithm {a}, timeout {t} ms")
                     }
                     _ => format!("process {p}: ?"),
@@ -198,7 +207,7 @@ impl World {
         pass_failures_on(&hub, group, local, &world.health);
         // A process that dies says nothing: the others notice its silence
         // within half the timeout, before their own waits run out.
-        hub.watch(config.timeout() / 2);
+        hub.watch(config.timeout().checked_div(2).unwrap_or_default());
         world.hub = Some(hub);
         tracing::info!(
             process,

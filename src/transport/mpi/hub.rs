@@ -529,6 +529,10 @@ impl Pump<'_> {
                 let mut all = vec![0u64; mine.len().saturating_mul(n)];
                 self.world.all_gather_into(&mine[..], &mut all[..]);
                 let _ = reply.send(all);
+                // Every process took part: however long it blocked this
+                // thread, none of them is silent.
+                let now = Instant::now();
+                self.heard.iter_mut().for_each(|t| *t = now);
             }
             Command::Finish => {
                 self.tell_all(Kind::Bye);
@@ -558,7 +562,7 @@ impl Pump<'_> {
         if window.is_zero() || self.finish.is_some() {
             return;
         }
-        if self.beat.elapsed() >= BEAT.min(window / 4) {
+        if self.beat.elapsed() >= BEAT.min(window.checked_div(4).unwrap_or_default()) {
             self.beat = Instant::now();
             self.tell_all(Kind::Beat);
         }
