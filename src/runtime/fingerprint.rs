@@ -242,3 +242,44 @@ impl crate::transport::mpi::Header for Fingerprint {
         })
     }
 }
+
+#[cfg(all(test, feature = "mpi"))]
+#[allow(
+    clippy::expect_used,
+    reason = "a test: a failed expectation is a failed test"
+)]
+mod wire {
+    use super::*;
+    use crate::transport::mpi::Header;
+    use crate::transport::mpi::hub::HEADER;
+
+    /// Every field of every kind survives the wire, `None`s included, and
+    /// bytes that are not a header are refused rather than misread.
+    #[test]
+    fn a_fingerprint_crosses_the_wire_unchanged() {
+        let mut n = 0u64;
+        for kind in KINDS {
+            for dtype in std::iter::once(None).chain(DType::ALL.map(Some)) {
+                for op in [None, Some(ReduceOp::Avg), Some(ReduceOp::BitXor)] {
+                    n += 1;
+                    let fp = Fingerprint {
+                        seq: n * 0x1_0000_0001,
+                        kind,
+                        dtype,
+                        len: (n % 3 != 0).then_some(n as usize * 7),
+                        op,
+                        root: (n % 2 == 0).then_some(3),
+                        shape: n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        peer: (n % 5 == 0).then_some(62),
+                    };
+                    let mut wire = [0u8; HEADER];
+                    fp.encode(&mut wire);
+                    assert_eq!(Fingerprint::decode(&wire), Some(fp));
+                }
+            }
+        }
+        let mut junk = [0u8; HEADER];
+        junk[40] = 200; // no such kind
+        assert_eq!(Fingerprint::decode(&junk), None);
+    }
+}

@@ -663,3 +663,29 @@ fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
         None => r.early.entry(route).or_default().push_back(frame),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A head carries its route, kind, body length and header intact.
+    #[test]
+    fn a_head_decodes_to_what_was_encoded() {
+        let route = Route {
+            group: 0x0123_4567_89ab_cdef,
+            epoch: 77,
+            to: 5,
+            from: 63,
+            lane: 1,
+        };
+        let header: Vec<u8> = (0..HEADER).map(|i| (i * 3 + 1) as u8).collect();
+        for kind in [Kind::Data, Kind::Notice, Kind::Beat, Kind::Bye] {
+            let head = encode_head(kind, route, &header, 1 << 20);
+            let (r, k, len, h) = decode_head(&head);
+            assert_eq!(r, route);
+            assert!(k == kind);
+            assert_eq!(len, 1 << 20);
+            assert_eq!(h.as_slice(), header.as_slice());
+        }
+    }
+}
