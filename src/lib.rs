@@ -50,8 +50,11 @@
 //! launched together), [`Tensor`] and [`Work`] (the handle a
 //! collective returns), [`Error`]; the [`graph`] module (traced graphs,
 //! passes, an executor); [`FlightRecord`] (what every rank last did);
-//! [`init_logging`] (the engine's logs). The README's "Layout" shows how
-//! the engine inside is layered.
+//! [`init_logging`] (the engine's logs). With the cargo feature `mpi`,
+//! `World::from_mpi` spreads a world over the processes of an MPI job
+//! (`mpirun -n P`), each holding some of its ranks. The README's "Layout"
+//! shows how the engine inside is layered; only `transport/mpi/raw.rs`
+//! (the raw MPI calls) allows `unsafe`.
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 // Nothing reachable from a public call may panic or overflow unnoticed:
