@@ -44,6 +44,9 @@ pub(crate) const HEADER: usize = 64;
 const TAG_HEAD: i32 = 17;
 const TAG_BODY: i32 = 18;
 
+/// How long `MPI_Init` may take.
+const INIT: Duration = Duration::from_secs(120);
+
 /// How long a process on its way out waits for its last sends and
 /// `MPI_Finalize`.
 const FINISH: Duration = Duration::from_secs(20);
@@ -186,9 +189,14 @@ impl Hub {
             .name("mpi-hub".into())
             .spawn(move || serve(rx, r, p, w, &l, ready_tx))
             .map_err(|e| format!("spawning the MPI thread: {e}"))?;
-        let (process, processes) = ready_rx
-            .recv()
-            .map_err(|_| "the MPI thread ended before MPI was initialised".to_string())??;
+        let (process, processes) = ready_rx.recv_timeout(INIT).map_err(|e| match e {
+            RecvTimeoutError::Timeout => format!(
+                "MPI_Init did not return within {INIT:?} (is this process started by mpirun?)"
+            ),
+            RecvTimeoutError::Disconnected => {
+                "the MPI thread ended before MPI was initialised".to_string()
+            }
+        })??;
         Ok(Hub {
             commands,
             routes,
