@@ -224,6 +224,8 @@ pub struct World {
     placement: Placement,
     /// The rank of `comms[0]`: ranks before it live in other processes.
     base: usize,
+    /// Ranks in the world, in every process.
+    size: usize,
     /// This process's end of MPI, in a world over several processes.
     #[cfg(feature = "mpi")]
     pub(crate) hub: Option<Arc<crate::transport::mpi::hub::Hub>>,
@@ -493,6 +495,7 @@ impl World {
             instance,
             comms,
             base,
+            size: n,
             adapters: infos,
             health,
             tuning,
@@ -530,7 +533,7 @@ impl World {
 
     /// Number of ranks (in every process, for a world over MPI).
     pub fn size(&self) -> usize {
-        self.health.world_ranks().len()
+        self.size
     }
 
     /// Processes in the job, and ranks in this one: `(1, size)` for a
@@ -560,7 +563,8 @@ impl World {
         self.tuning.cost
     }
 
-    /// The adapter each rank runs on, in rank order.
+    /// The adapter each rank of this process runs on, in rank order (every
+    /// rank's, except in a world over several processes).
     pub fn adapters(&self) -> &[wgpu::AdapterInfo] {
         &self.adapters
     }
