@@ -74,6 +74,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod graph;
+mod hash;
 mod logging;
 mod op;
 mod runtime;

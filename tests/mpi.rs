@@ -217,8 +217,16 @@ fn killed(world: &World, timeout: Duration) -> ExitCode {
     });
     let took = start.elapsed();
     let theirs: Vec<usize> = ((processes - 1) * local..processes * local).collect();
+    let results = match results {
+        Ok(r) if !r.is_empty() => r,
+        Ok(_) => return ExitCode::FAILURE,
+        Err(e) => {
+            println!("survivor's run failed as a whole: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut ok = true;
-    for r in results.into_iter().flatten() {
+    for r in results {
         match r {
             Ok(()) => ok = false,
             Err(e) => {

@@ -242,8 +242,10 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
             let mut later: Vec<(Route, String)> = Vec::new();
             let mut dead: Vec<(usize, String)> = Vec::new();
             loop {
-                // Ends when the hub, and with it the sender, is gone.
-                match rx.recv_timeout(Duration::from_millis(5)) {
+                // Ends when the hub, and with it the sender, is gone. With
+                // nothing held for a later run it wakes only for notices.
+                let idle = later.is_empty() && dead.is_empty();
+                match rx.recv_timeout(Duration::from_millis(if idle { 1000 } else { 5 })) {
                     Ok(Notice::Failed(route, text)) => later.push((route, text)),
                     Ok(Notice::Silent { process, quiet }) => {
                         let first = process.saturating_mul(local);

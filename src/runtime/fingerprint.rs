@@ -112,15 +112,11 @@ impl Fingerprint {
 
     /// A hash of `lens` that two ranks agree on exactly when the lists are equal.
     pub(crate) fn shape_of(lens: &[usize]) -> u64 {
-        // FNV-1a over the lengths and their count.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for v in std::iter::once(lens.len()).chain(lens.iter().copied()) {
-            for b in (v as u64).to_le_bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        h
+        crate::hash::fnv1a(
+            std::iter::once(lens.len())
+                .chain(lens.iter().copied())
+                .map(|v| v as u64),
+        )
     }
 }
 

@@ -106,6 +106,9 @@ impl Kind {
     }
 }
 
+/// Head buffers kept for reuse.
+const SPARE_HEADS: usize = 256;
+
 /// How often a process tells the others it is alive.
 const BEAT: Duration = Duration::from_millis(100);
 
@@ -435,6 +438,9 @@ struct Pump<'a> {
     pool: &'a ArrayQueue<Vec<u8>>,
     /// Sends in flight, each holding its bytes.
     sending: Vec<Sending>,
+    /// Spare head buffers: kept apart from the body pool, so that a body
+    /// never lands in a buffer too small for it (and grows it anew).
+    heads: Vec<Vec<u8>>,
     /// Told to finish, when: sends still in flight get `FINISH_FAILED`.
     finish: Option<Instant>,
     head: [u8; HEAD],
@@ -463,6 +469,7 @@ fn pump<'a>(
         routes,
         pool,
         sending: Vec::new(),
+        heads: Vec::new(),
         finish: None,
         head: [0u8; HEAD],
         heard: vec![Instant::now(); processes],
@@ -519,7 +526,7 @@ impl Pump<'_> {
                 body,
             } => {
                 let to = i32::try_from(process).unwrap_or(i32::MAX);
-                let mut first = self.pool.pop().unwrap_or_default();
+                let mut first = self.heads.pop().unwrap_or_default();
                 first.clear();
                 first.extend_from_slice(&head);
                 for (tag, bytes) in [(TAG_HEAD, first), (TAG_BODY, body)] {
@@ -527,7 +534,7 @@ impl Pump<'_> {
                         Ok(s) => self.sending.push(s),
                         Err((code, bytes)) => {
                             tracing::error!(process, code = code.0, "MPI_Isend failed");
-                            let _ = self.pool.push(bytes);
+                            self.give_back(bytes);
                         }
                     }
                 }
@@ -628,6 +635,17 @@ impl Pump<'_> {
         any
     }
 
+    /// Returns a sent buffer: a head's to the spare heads, a body's to the pool.
+    fn give_back(&mut self, bytes: Vec<u8>) {
+        if bytes.capacity() <= HEAD {
+            if self.heads.len() < SPARE_HEADS {
+                self.heads.push(bytes);
+            }
+        } else {
+            let _ = self.pool.push(bytes);
+        }
+    }
+
     /// Retires the sends that are done; whether any was.
     fn reap(&mut self) -> bool {
         let mut any = false;
@@ -635,7 +653,7 @@ impl Pump<'_> {
         while let Some(s) = self.sending.get_mut(i) {
             match s.test() {
                 Ok(Some(bytes)) => {
-                    let _ = self.pool.push(bytes);
+                    self.give_back(bytes);
                     self.sending.swap_remove(i);
                     any = true;
                 }

@@ -122,18 +122,7 @@ fn route(layout: &Layout, epoch: u32, to: usize, from: usize, lane: Lane) -> Rou
 
 /// A split's group id, the same in every process.
 pub(crate) fn split_id(parent: u64, seq: u64, color: u32) -> u64 {
-    // FNV-1a over the three.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in parent
-        .to_le_bytes()
-        .into_iter()
-        .chain(seq.to_le_bytes())
-        .chain(color.to_le_bytes())
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    crate::hash::fnv1a([parent, seq, u64::from(color)])
 }
 
 impl<H> Drop for Remote<H> {
