@@ -10,6 +10,8 @@
 
 pub(crate) mod chain;
 pub(crate) mod direct;
+pub(crate) mod fold;
+pub(crate) mod host;
 pub(crate) mod oneshot;
 pub(crate) mod p2p;
 pub(crate) mod pairwise;

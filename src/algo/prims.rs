@@ -39,8 +39,12 @@ impl Span {
     fn offset(self) -> u64 {
         self.off as u64 * 4
     }
-    fn bytes(self) -> usize {
+    pub(crate) fn bytes(self) -> usize {
         self.words * 4
+    }
+    /// The span's bytes within a host image of the buffer.
+    pub(crate) fn range(self) -> std::ops::Range<usize> {
+        self.off * 4..(self.off + self.words) * 4
     }
 }
 
@@ -56,6 +60,53 @@ pub(crate) fn slices(step: usize, words: usize) -> impl Iterator<Item = Span> {
 /// submission, a fence wait, a map) are small next to the copy, small
 /// enough that the ring pipelines on tensors of a few MiB.
 const SLICE_BYTES: u64 = 1 << 20;
+
+/// The steps a ring schedule is written in (NCCL's primitive names), so
+/// that one schedule runs on the device ([`Prims`]) or on a host image
+/// (`algo/host.rs`).
+pub(crate) trait RingSteps {
+    fn rank(&self) -> usize;
+    fn nranks(&self) -> usize;
+    /// Words per step (see [`Prims::step_words`]).
+    fn step_words(&self, remaining: usize, parts: usize) -> usize;
+    /// Readies staging for steps of up to `words`.
+    fn reserve(&mut self, words: usize) -> Result<()>;
+    fn send(&mut self, span: Span) -> Result<()>;
+    fn recv_reduce_send(&mut self, span: Span) -> Result<()>;
+    fn recv_reduce_copy_send(&mut self, span: Span) -> Result<()>;
+    fn recv_copy_send(&mut self, span: Span) -> Result<()>;
+    fn recv(&mut self, span: Span) -> Result<()>;
+}
+
+impl RingSteps for Prims<'_> {
+    fn rank(&self) -> usize {
+        Prims::rank(self)
+    }
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+    fn step_words(&self, remaining: usize, parts: usize) -> usize {
+        Prims::step_words(self, remaining, parts)
+    }
+    fn reserve(&mut self, words: usize) -> Result<()> {
+        Prims::reserve(self, words)
+    }
+    fn send(&mut self, span: Span) -> Result<()> {
+        Prims::send(self, span)
+    }
+    fn recv_reduce_send(&mut self, span: Span) -> Result<()> {
+        Prims::recv_reduce_send(self, span)
+    }
+    fn recv_reduce_copy_send(&mut self, span: Span) -> Result<()> {
+        Prims::recv_reduce_copy_send(self, span)
+    }
+    fn recv_copy_send(&mut self, span: Span) -> Result<()> {
+        Prims::recv_copy_send(self, span)
+    }
+    fn recv(&mut self, span: Span) -> Result<()> {
+        Prims::recv(self, span)
+    }
+}
 
 /// Primitive steps of one collective on one rank.
 pub(crate) struct Prims<'a> {
@@ -84,11 +135,11 @@ impl<'a> Prims<'a> {
         self.w.rank
     }
 
-    fn next(&self) -> usize {
+    pub(crate) fn next(&self) -> usize {
         (self.w.rank + 1) % self.nranks
     }
 
-    fn prev(&self) -> usize {
+    pub(crate) fn prev(&self) -> usize {
         (self.w.rank + self.nranks - 1) % self.nranks
     }
 
@@ -339,7 +390,7 @@ impl<'a> Prims<'a> {
     }
 
     /// Logs a step at `trace` (nothing when that level is off).
-    fn step(&self, name: &'static str, span: Span) {
+    pub(crate) fn step(&self, name: &'static str, span: Span) {
         tracing::trace!(
             rank = self.w.rank,
             seq = self.w.fp.seq,
@@ -542,7 +593,9 @@ impl<'a> Prims<'a> {
 
     /// The first `bytes` (a multiple of 4) of the working buffer, on the host.
     pub(crate) fn download_image(&mut self, bytes: usize) -> Result<Vec<u8>> {
-        let mut image = Vec::with_capacity(bytes);
+        // From the packet pool: give it back with `recycle` when done.
+        let mut image = self.link.buffer();
+        image.reserve(bytes);
         let step = self.step_words(bytes / 4, 1).max(1);
         self.reserve(step)?;
         let mut off = 0;

@@ -13,13 +13,15 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::{Prims, Span};
+use crate::algo::prims::{Prims, RingSteps, Span};
 use crate::error::Result;
 
 /// All-reduces the first `words` words of the working buffer: reduce-scatter
-/// then all-gather, 2(n-1) steps per round.
-pub(crate) fn all_reduce(p: &mut Prims, words: usize) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+/// then all-gather, 2(n-1) steps per round. The same schedule runs on the
+/// device ([`Prims`]) or, where the tensor stays on the host for the whole
+/// ring, on a host image (`algo/host.rs`): the packets are the same.
+pub(crate) fn all_reduce(p: &mut impl RingSteps, words: usize) -> Result<()> {
+    let (n, r) = (p.nranks(), p.rank());
     if n == 1 || words == 0 {
         return Ok(());
     }

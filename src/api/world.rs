@@ -407,6 +407,7 @@ impl World {
         let tuning = Tuning {
             algorithm: config.algorithm()?,
             cost: CostModel::measure(first)?,
+            host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
         };
         let n = devices.len();
         Self::assemble_with(instance, devices, links, config, (0, n), tuning)

@@ -202,7 +202,16 @@ impl World {
                 what: "a rank of this process has no link".into(),
             })?;
         let config = config.with_placement(Placement::DevicePerRank);
-        let tuning = Tuning { algorithm, cost };
+        // Like the cost model, from this process's first rank: processes on
+        // one kind of adapter (which the hosts of one job are) agree.
+        let host_fold = devices
+            .first()
+            .is_some_and(|d| d.info.device_type == wgpu::DeviceType::Cpu);
+        let tuning = Tuning {
+            algorithm,
+            cost,
+            host_fold,
+        };
         let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
         pass_failures_on(&hub, group, local, &world.health);
         // A process that dies says nothing: the others notice its silence

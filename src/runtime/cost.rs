@@ -60,6 +60,10 @@ impl Algorithm {
 pub(crate) struct Tuning {
     pub algorithm: Algorithm,
     pub cost: CostModel,
+    /// Whether a ring between ranks of their own devices keeps the tensor
+    /// on the host for its whole schedule (`algo/fold.rs`): where rank 0's
+    /// adapter is the CPU.
+    pub host_fold: bool,
 }
 
 impl Tuning {

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
+use crate::algo::fold::HostFold;
+use crate::algo::host::HostSteps;
 use crate::algo::{chain, oneshot, p2p, pairwise, prims::Prims, ring, star};
 use crate::api::tensor::{DType, Tensor};
 use crate::api::work::WorkState;
@@ -407,28 +409,55 @@ impl Progress {
         let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
         let mut table = None;
         match &op.what {
-            Collective::AllReduce { .. } => {
+            Collective::AllReduce { op: reduce_op, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
-                // Out of place, the input is copied first and reduced in
-                // place. Reading it where it lies instead (a kernel writing
-                // dst = op(x, received)) saves the copy but, on CPU adapters,
-                // streams three buffers through the cache instead of two:
-                // measured slower on lavapipe, so not done.
-                if !x.same_view(out) {
-                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                }
-                p.buf = out.buffer().clone();
                 let words = x.words();
-                // The one-shot folds each part in the ring's order: the same bits.
-                if self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot && n > 1 && words > 0
-                {
-                    let stride = words.div_ceil(p.align_words()) * p.align_words();
-                    tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");
-                    let all = scratch(&dev, n * stride)?;
-                    oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
+                let algorithm = self.tuning.all_reduce(n, words * 4);
+                if algorithm == Algorithm::Ring && self.tuning.host_fold && self.group.is_none() {
+                    // Down once from the input, the ring on the host, up
+                    // once into the output (no copy of the input first).
+                    tracing::debug!(
+                        rank = r,
+                        seq = op.fp.seq,
+                        algorithm = "ring",
+                        folds = "host"
+                    );
+                    let fold = HostFold {
+                        dtype: x.dtype(),
+                        op: *reduce_op,
+                        ranks: u32::try_from(n).unwrap_or(u32::MAX),
+                    };
+                    p.buf = x.buffer().clone();
+                    let mut image = p.download_image(words * 4)?;
+                    let steps = &mut HostSteps {
+                        p: &mut p,
+                        image: &mut image,
+                        fold,
+                    };
+                    ring::all_reduce(steps, words)?;
+                    p.buf = out.buffer().clone();
+                    p.upload_image(&image)?;
+                    p.recycle(image);
                 } else {
-                    tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "ring");
-                    ring::all_reduce(&mut p, words)?;
+                    // Out of place, the input is copied first and reduced in
+                    // place. Reading it where it lies instead (a kernel writing
+                    // dst = op(x, received)) saves the copy but, on CPU adapters,
+                    // streams three buffers through the cache instead of two:
+                    // measured slower on lavapipe, so not done.
+                    if !x.same_view(out) {
+                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                    }
+                    p.buf = out.buffer().clone();
+                    // The one-shot folds each part in the ring's order: the same bits.
+                    if algorithm == Algorithm::OneShot && n > 1 && words > 0 {
+                        let stride = words.div_ceil(p.align_words()) * p.align_words();
+                        tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");
+                        let all = scratch(&dev, n * stride)?;
+                        oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
+                    } else {
+                        tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "ring");
+                        ring::all_reduce(&mut p, words)?;
+                    }
                 }
             }
             Collective::AllReduceCoalesced { .. } => all_reduce_coalesced(&mut p, &dev, ins, outs)?,

@@ -1,0 +1,298 @@
+//! The reduction of `shaders/fold.wgsl`, on the host.
+//!
+//! Where hops go through host memory anyway (ranks on devices of their
+//! own, joined by host staging) and the adapter is the CPU itself, the
+//! ring can keep the tensor on the host for its whole schedule: one
+//! download, the ring's 2(n-1) steps folding and copying host memory, one
+//! upload. The device ring instead pays a submission and a fence per step
+//! (an upload, a kernel, a download), which on a CPU adapter costs more
+//! than the fold itself. The same fold in the same order gives the same
+//! bits: sum, product, min and max computed in the value type (`f32` for
+//! the 16-bit floats, rounded to nearest even on the way back, as the
+//! kernel's `lower`), wrapping integer arithmetic, bitwise operators on
+//! the raw words, and Avg's division after the last step's rounding.
+
+use crate::dtype::DType;
+use crate::op::ReduceOp;
+
+/// One all-reduce's fold: `dst = op(dst, src)` element by element.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostFold {
+    pub dtype: DType,
+    pub op: ReduceOp,
+    /// The rank count Avg divides by on the last step.
+    pub ranks: u32,
+}
+
+impl HostFold {
+    /// Folds `src` into `dst` (equal lengths, whole elements); `last`:
+    /// the final step, which applies Avg's division.
+    pub(crate) fn fold(&self, dst: &mut [u8], src: &[u8], last: bool) {
+        let divisor = if last && self.op == ReduceOp::Avg {
+            self.ranks.max(1)
+        } else {
+            0
+        };
+        match self.dtype {
+            DType::F32 => words(dst, src, |a, b| {
+                let v = float(self.op, f32::from_bits(a), f32::from_bits(b));
+                if divisor == 0 { v } else { v / divisor as f32 }.to_bits()
+            }),
+            DType::I32 => words(dst, src, |a, b| {
+                bitwise(self.op, a, b).unwrap_or_else(|| {
+                    let v = int(self.op, a as i32, b as i32);
+                    (if divisor == 0 {
+                        v
+                    } else {
+                        v.checked_div(divisor as i32).unwrap_or(v)
+                    }) as u32
+                })
+            }),
+            DType::U32 => words(dst, src, |a, b| {
+                bitwise(self.op, a, b).unwrap_or_else(|| {
+                    let v = uint(self.op, a, b);
+                    v.checked_div(divisor).unwrap_or(v)
+                })
+            }),
+            DType::F16 => halves(dst, src, |a, b| {
+                let (a, b) = (
+                    half::f16::from_bits(a).to_f32(),
+                    half::f16::from_bits(b).to_f32(),
+                );
+                let v = half::f16::from_f32(float(self.op, a, b));
+                if divisor == 0 {
+                    v.to_bits()
+                } else {
+                    half::f16::from_f32(v.to_f32() / divisor as f32).to_bits()
+                }
+            }),
+            DType::BF16 => halves(dst, src, |a, b| {
+                let (a, b) = (
+                    half::bf16::from_bits(a).to_f32(),
+                    half::bf16::from_bits(b).to_f32(),
+                );
+                let v = half::bf16::from_f32(float(self.op, a, b));
+                if divisor == 0 {
+                    v.to_bits()
+                } else {
+                    half::bf16::from_f32(v.to_f32() / divisor as f32).to_bits()
+                }
+            }),
+        }
+    }
+}
+
+/// Applies `f` to each pair of 32-bit words; on aligned buffers (the
+/// usual case: pooled packets and images) through a `u32` view, which the
+/// compiler vectorises.
+fn words(dst: &mut [u8], src: &[u8], f: impl Fn(u32, u32) -> u32) {
+    match (
+        bytemuck::try_cast_slice_mut::<u8, u32>(dst),
+        bytemuck::try_cast_slice::<u8, u32>(src),
+    ) {
+        (Ok(d), Ok(s)) => d.iter_mut().zip(s).for_each(|(d, s)| *d = f(*d, *s)),
+        _ => {
+            for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+                let a = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+                let b = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                d.copy_from_slice(&f(a, b).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Applies `f` to each pair of 16-bit halves.
+fn halves(dst: &mut [u8], src: &[u8], f: impl Fn(u16, u16) -> u16) {
+    for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+        let v = f(
+            u16::from_le_bytes([d[0], d[1]]),
+            u16::from_le_bytes([s[0], s[1]]),
+        );
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The kernel's `combine` for floats. Min and max of a NaN are left to the
+/// adapter by WGSL; here the NaN wins, as the ring's other ranks see it.
+fn float(op: ReduceOp, a: f32, b: f32) -> f32 {
+    match op {
+        ReduceOp::Prod => a * b,
+        ReduceOp::Min => {
+            if a.is_nan() || b.is_nan() {
+                f32::NAN
+            } else {
+                a.min(b)
+            }
+        }
+        ReduceOp::Max => {
+            if a.is_nan() || b.is_nan() {
+                f32::NAN
+            } else {
+                a.max(b)
+            }
+        }
+        _ => a + b,
+    }
+}
+
+/// The kernel's `combine` for `i32`: WGSL's integer arithmetic wraps.
+fn int(op: ReduceOp, a: i32, b: i32) -> i32 {
+    match op {
+        ReduceOp::Prod => a.wrapping_mul(b),
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+        _ => a.wrapping_add(b),
+    }
+}
+
+/// The kernel's `combine` for `u32`.
+fn uint(op: ReduceOp, a: u32, b: u32) -> u32 {
+    match op {
+        ReduceOp::Prod => a.wrapping_mul(b),
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+        _ => a.wrapping_add(b),
+    }
+}
+
+/// The bitwise operators, on the raw words (the same for i32 and u32).
+fn bitwise(op: ReduceOp, a: u32, b: u32) -> Option<u32> {
+    match op {
+        ReduceOp::BitAnd => Some(a & b),
+        ReduceOp::BitOr => Some(a | b),
+        ReduceOp::BitXor => Some(a ^ b),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+
+    fn fold_f32(op: ReduceOp, a: &[f32], b: &[f32], last: bool, ranks: u32) -> Vec<f32> {
+        let mut d: Vec<u8> = bytemuck::cast_slice(a).to_vec();
+        let s: Vec<u8> = bytemuck::cast_slice(b).to_vec();
+        HostFold {
+            dtype: DType::F32,
+            op,
+            ranks,
+        }
+        .fold(&mut d, &s, last);
+        d.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn float_ops_and_the_last_steps_division() {
+        let (a, b) = ([1.0, -2.0, 3.5], [4.0, 5.0, -0.5]);
+        assert_eq!(
+            fold_f32(ReduceOp::Sum, &a, &b, false, 2),
+            vec![5.0, 3.0, 3.0]
+        );
+        assert_eq!(
+            fold_f32(ReduceOp::Prod, &a, &b, false, 2),
+            vec![4.0, -10.0, -1.75]
+        );
+        assert_eq!(
+            fold_f32(ReduceOp::Min, &a, &b, false, 2),
+            vec![1.0, -2.0, -0.5]
+        );
+        assert_eq!(
+            fold_f32(ReduceOp::Max, &a, &b, false, 2),
+            vec![4.0, 5.0, 3.5]
+        );
+        // Avg divides only on the last step.
+        assert_eq!(
+            fold_f32(ReduceOp::Avg, &a, &b, false, 2),
+            vec![5.0, 3.0, 3.0]
+        );
+        assert_eq!(
+            fold_f32(ReduceOp::Avg, &a, &b, true, 2),
+            vec![2.5, 1.5, 1.5]
+        );
+    }
+
+    #[test]
+    fn integers_wrap_truncate_and_take_bitwise_ops() {
+        let run = |dtype, op, a: [u32; 2], b: [u32; 2], last| {
+            let mut d: Vec<u8> = bytemuck::cast_slice(&a).to_vec();
+            HostFold {
+                dtype,
+                op,
+                ranks: 2,
+            }
+            .fold(&mut d, bytemuck::cast_slice(&b), last);
+            bytemuck::pod_collect_to_vec::<u8, u32>(&d)
+        };
+        let m = (-7i32) as u32;
+        assert_eq!(
+            run(
+                DType::I32,
+                ReduceOp::Sum,
+                [i32::MAX as u32, m],
+                [1, 2],
+                false
+            ),
+            vec![i32::MIN as u32, (-5i32) as u32]
+        );
+        assert_eq!(
+            run(DType::I32, ReduceOp::Avg, [m, 9], [0, 0], true),
+            vec![(-3i32) as u32, 4]
+        );
+        assert_eq!(
+            run(DType::U32, ReduceOp::Min, [3, 9], [5, 1], false),
+            vec![3, 1]
+        );
+        assert_eq!(
+            run(
+                DType::U32,
+                ReduceOp::BitXor,
+                [0b1100, 1],
+                [0b1010, 1],
+                false
+            ),
+            vec![0b0110, 0]
+        );
+        assert_eq!(
+            run(DType::I32, ReduceOp::BitOr, [m, 0], [0, 8], false),
+            vec![m, 8]
+        );
+    }
+
+    #[test]
+    fn half_floats_round_to_nearest_even_after_each_step() {
+        let bits = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
+                .collect()
+        };
+        // 2048 + 1 is not an f16: it rounds to even (2048), step by step.
+        let mut d = bits(&[2048.0, 0.5]);
+        HostFold {
+            dtype: DType::F16,
+            op: ReduceOp::Sum,
+            ranks: 3,
+        }
+        .fold(&mut d, &bits(&[1.0, 0.25]), false);
+        assert_eq!(d, bits(&[2048.0, 0.75]));
+        let mut d = bits(&[3.0]);
+        HostFold {
+            dtype: DType::F16,
+            op: ReduceOp::Avg,
+            ranks: 3,
+        }
+        .fold(&mut d, &bits(&[3.0]), true);
+        assert_eq!(d, bits(&[2.0]));
+        let b16 = |v: f32| half::bf16::from_f32(v).to_bits().to_le_bytes().to_vec();
+        let mut d = b16(1.5);
+        HostFold {
+            dtype: DType::BF16,
+            op: ReduceOp::Max,
+            ranks: 2,
+        }
+        .fold(&mut d, &b16(-4.0), false);
+        assert_eq!(d, b16(1.5));
+    }
+}
