@@ -593,7 +593,13 @@ impl<'a> Prims<'a> {
 
     /// The first `bytes` (a multiple of 4) of the working buffer, on the host.
     pub(crate) fn download_image(&mut self, bytes: usize) -> Result<Vec<u8>> {
-        // From the packet pool: give it back with `recycle` when done.
+        self.download_image_at(0, bytes)
+    }
+
+    /// `bytes` (a multiple of 4) of the working buffer from word `base`,
+    /// on the host, in a buffer of the packet pool (give it back with
+    /// `recycle`).
+    pub(crate) fn download_image_at(&mut self, base: usize, bytes: usize) -> Result<Vec<u8>> {
         let mut image = self.link.buffer();
         image.reserve(bytes);
         let step = self.step_words(bytes / 4, 1).max(1);
@@ -601,7 +607,11 @@ impl<'a> Prims<'a> {
         let mut off = 0;
         while off < bytes / 4 {
             let words = step.min(bytes / 4 - off);
-            self.download(self.w.dev.encoder(), Span { off, words }, &mut image)?;
+            let span = Span {
+                off: base + off,
+                words,
+            };
+            self.download(self.w.dev.encoder(), span, &mut image)?;
             off += words;
         }
         Ok(image)
@@ -609,6 +619,12 @@ impl<'a> Prims<'a> {
 
     /// Writes `image` (a multiple of 4 bytes) to the start of the working buffer.
     pub(crate) fn upload_image(&mut self, image: &[u8]) -> Result<()> {
+        self.upload_image_at(0, image)
+    }
+
+    /// Writes `image` (a multiple of 4 bytes) to the working buffer from
+    /// word `base`.
+    pub(crate) fn upload_image_at(&mut self, base: usize, image: &[u8]) -> Result<()> {
         let step = self.step_words(image.len() / 4, 1).max(1);
         self.reserve(step)?;
         for (i, piece) in image.chunks(step * 4).enumerate() {
@@ -616,7 +632,7 @@ impl<'a> Prims<'a> {
             self.absorb(
                 &mut enc,
                 Span {
-                    off: i * step,
+                    off: base + i * step,
                     words: piece.len() / 4,
                 },
                 piece,

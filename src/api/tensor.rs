@@ -192,6 +192,18 @@ impl Tensor {
             && self.inner.dtype == other.inner.dtype
     }
 
+    /// Whether the view is whole 32-bit words from a word boundary, which
+    /// host copies read and write exactly (offsets are multiples of 4 by
+    /// `wrap_buffer`'s check; a 16-bit view of odd length is not).
+    pub(crate) fn whole_words(&self) -> bool {
+        self.byte_len() % 4 == 0
+    }
+
+    /// [`offset`](Self::offset) in 32-bit words.
+    pub(crate) fn word_offset(&self) -> usize {
+        usize::try_from(self.inner.offset / 4).unwrap_or(usize::MAX)
+    }
+
     /// Whether `self` and `other` share any byte.
     pub(crate) fn overlaps(&self, other: &Tensor) -> bool {
         if self.buffer() != other.buffer() || self.is_empty() || other.is_empty() {

@@ -303,6 +303,21 @@ impl Progress {
         Ok(Ran { last, table })
     }
 
+    /// Whether `what` runs as the ring on the host (`algo/fold.rs`): an
+    /// all-reduce the ring carries, between ranks on devices of their own,
+    /// where the tuning says the adapter is the CPU.
+    fn host_ring(&self, what: &Collective, n: usize) -> bool {
+        match what {
+            Collective::AllReduce { dtype, len, .. } => {
+                let bytes = dtype.words(*len).saturating_mul(4);
+                self.tuning.host_fold
+                    && self.group.is_none()
+                    && self.tuning.all_reduce(n, bytes) == Algorithm::Ring
+            }
+            _ => false,
+        }
+    }
+
     /// Runs one collective into `outs` (its outputs, made here); returns
     /// the submission that last writes them.
     #[allow(
@@ -382,6 +397,7 @@ impl Progress {
                 spare.buffer().clone()
             }
         };
+        let host_ring = self.host_ring(&op.what, n);
         let mut p = Prims {
             w: waiter,
             link: &*self.endpoint,
@@ -403,17 +419,21 @@ impl Progress {
                 None
             },
         };
-        // Views the schedules cannot work on where they lie are staged.
+        // Views the schedules cannot work on where they lie are staged;
+        // the ring on the host reads and writes whole words anywhere.
         let writes = op.what.writes_output(r);
-        let staged = Staged::new(&mut p, &dev, &op.inputs, outs, writes)?;
+        let staged = if host_ring && op.inputs.iter().chain(outs).all(Tensor::whole_words) {
+            Staged::none(&op.inputs, outs)
+        } else {
+            Staged::new(&mut p, &dev, &op.inputs, outs, writes)?
+        };
         let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
         let mut table = None;
         match &op.what {
             Collective::AllReduce { op: reduce_op, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 let words = x.words();
-                let algorithm = self.tuning.all_reduce(n, words * 4);
-                if algorithm == Algorithm::Ring && self.tuning.host_fold && self.group.is_none() {
+                if host_ring {
                     // Down once from the input, the ring on the host, up
                     // once into the output (no copy of the input first).
                     tracing::debug!(
@@ -427,8 +447,12 @@ impl Progress {
                         op: *reduce_op,
                         ranks: u32::try_from(n).unwrap_or(u32::MAX),
                     };
+                    // The image holds the ring's padded words; only the
+                    // view's own bytes come down and go up.
+                    let bytes = x.byte_len().next_multiple_of(4) as usize;
                     p.buf = x.buffer().clone();
-                    let mut image = p.download_image(words * 4)?;
+                    let mut image = p.download_image_at(x.word_offset(), bytes)?;
+                    image.resize(words * 4, 0);
                     let steps = &mut HostSteps {
                         p: &mut p,
                         image: &mut image,
@@ -436,7 +460,8 @@ impl Progress {
                     };
                     ring::all_reduce(steps, words)?;
                     p.buf = out.buffer().clone();
-                    p.upload_image(&image)?;
+                    let own = image.get(..bytes).unwrap_or(&image);
+                    p.upload_image_at(out.word_offset(), own)?;
                     p.recycle(image);
                 } else {
                     // Out of place, the input is copied first and reduced in
@@ -449,7 +474,10 @@ impl Progress {
                     }
                     p.buf = out.buffer().clone();
                     // The one-shot folds each part in the ring's order: the same bits.
-                    if algorithm == Algorithm::OneShot && n > 1 && words > 0 {
+                    if self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot
+                        && n > 1
+                        && words > 0
+                    {
                         let stride = words.div_ceil(p.align_words()) * p.align_words();
                         tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");
                         let all = scratch(&dev, n * stride)?;
@@ -567,6 +595,15 @@ struct Staged<'a> {
 }
 
 impl<'a> Staged<'a> {
+    /// The op's own tensors, as they lie.
+    fn none(ins: &'a [Tensor], outs: &'a [Tensor]) -> Staged<'a> {
+        Staged {
+            ins: Cow::Borrowed(ins),
+            outs: Cow::Borrowed(outs),
+            back: Vec::new(),
+        }
+    }
+
     /// `writes`: whether the call writes its outputs on this rank (a
     /// gather's output is not touched off the root, so not staged).
     fn new(
@@ -577,11 +614,7 @@ impl<'a> Staged<'a> {
         writes: bool,
     ) -> Result<Staged<'a>> {
         if ins.iter().chain(outs).all(Tensor::direct) {
-            return Ok(Staged {
-                ins: Cow::Borrowed(ins),
-                outs: Cow::Borrowed(outs),
-                back: Vec::new(),
-            });
+            return Ok(Staged::none(ins, outs));
         }
         let mut back = Vec::new();
         let mut staged_outs = Vec::with_capacity(outs.len());

@@ -47,12 +47,19 @@ pub(crate) enum Kind {
     AllGather,
     /// Along dimension 0, in even chunks.
     ReduceScatter(ReduceOp),
-    Broadcast { root: usize },
+    Broadcast {
+        root: usize,
+    },
 }
 
 impl Kind {
     /// The result's dims on a world of `n` ranks, for an input of `dims`.
-    fn out_dims<const D: usize>(self, rank: usize, n: usize, dims: [usize; D]) -> Result<[usize; D]> {
+    fn out_dims<const D: usize>(
+        self,
+        rank: usize,
+        n: usize,
+        dims: [usize; D],
+    ) -> Result<[usize; D]> {
         let mut out = dims;
         match self {
             Kind::AllReduce(_) | Kind::Broadcast { .. } => {}
@@ -66,16 +73,18 @@ impl Kind {
                 let first = out
                     .first_mut()
                     .ok_or_else(|| no_dim0(rank, "reduce_scatter"))?;
-                if n == 0 || *first % n != 0 {
-                    return Err(Error::tensor(
-                        rank,
-                        format!(
-                            "reduce_scatter splits dimension 0 in {n} even chunks; \
-                             the tensor's dims are {dims:?}"
-                        ),
-                    ));
-                }
-                *first /= n;
+                *first = match (first.checked_rem(n), first.checked_div(n)) {
+                    (Some(0), Some(chunk)) => chunk,
+                    _ => {
+                        return Err(Error::tensor(
+                            rank,
+                            format!(
+                                "reduce_scatter splits dimension 0 in {n} even chunks; \
+                                 the tensor's dims are {dims:?}"
+                            ),
+                        ));
+                    }
+                };
             }
         }
         Ok(out)
@@ -89,7 +98,10 @@ impl Kind {
 }
 
 fn no_dim0(rank: usize, what: &str) -> Error {
-    Error::tensor(rank, format!("{what} works along dimension 0; a 0-dim tensor has none"))
+    Error::tensor(
+        rank,
+        format!("{what} works along dimension 0; a 0-dim tensor has none"),
+    )
 }
 
 /// A collective staged on one rank: the input lent to the engine and the

@@ -16,10 +16,10 @@
 //! tensor owns alone (`can_mut`); anything else gets a fresh handle, as
 //! burn's own in-place kernels decide.
 
-use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use burn_dispatch::backends::Cube;
 use burn_tensor::{DType as BurnDType, Device, Shape, Tensor};
 use cubecl_runtime::storage::ManagedResource;
@@ -106,12 +106,9 @@ impl Lent {
     pub(crate) fn new(comm: &Communicator, cube: CubeTensor, dtype: DType) -> Result<Lent> {
         let rank = comm.rank();
         let len = cube.meta.shape().num_elements();
+        // This also submits burn's queued work on the tensor's stream and
+        // the caller's (cubecl executes and flushes both before it answers).
         let pin = resource(rank, &cube, cube.handle.clone())?;
-        // `get_resource` submitted the tensor's stream and the caller's;
-        // this flushes what else the caller queued on the device.
-        cube.client.flush().map_err(|e| {
-            Error::tensor(rank, format!("flushing burn's queued work failed: {e:?}"))
-        })?;
         let r = pin.resource();
         let view = comm.wrap_buffer(&r.buffer, r.offset, dtype, len)?;
         Ok(Lent {

@@ -51,6 +51,6 @@ mod world;
 pub use collective::Reduction;
 pub use error::{Error, Result};
 pub use rank::Rank;
-pub use world::BurnWorld;
 /// The engine this crate drives, for its config and error types.
 pub use wgpu_collectives;
+pub use world::BurnWorld;

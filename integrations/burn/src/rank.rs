@@ -47,7 +47,11 @@ impl Rank<'_> {
     /// `x` reduced over all ranks with `op` (burn's `ReduceOperation` or
     /// the engine's `ReduceOp`). Written in place when `x` owns its handle
     /// alone, else into a fresh one.
-    pub fn all_reduce<const D: usize>(&self, x: Tensor<D>, op: impl Reduction) -> Result<Tensor<D>> {
+    pub fn all_reduce<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        op: impl Reduction,
+    ) -> Result<Tensor<D>> {
         self.call(Kind::AllReduce(op.reduce_op()), x)
     }
 

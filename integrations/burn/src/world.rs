@@ -75,9 +75,9 @@ impl BurnWorld {
         F: Fn(&Rank) -> T + Sync,
     {
         let states = self.devices.iter().collect();
-        Ok(self.world.run_with(states, |comm, device| {
-            f(&Rank { comm, device })
-        })?)
+        Ok(self
+            .world
+            .run_with(states, |comm, device| f(&Rank { comm, device }))?)
     }
 
     /// Like [`run`](Self::run), moving `states[r]` into rank r's closure.
@@ -90,7 +90,11 @@ impl BurnWorld {
         if states.len() != self.size() {
             return Err(wgpu_collectives::Error::InvalidArgument {
                 rank: None,
-                what: format!("run_with got {} states for {} ranks", states.len(), self.size()),
+                what: format!(
+                    "run_with got {} states for {} ranks",
+                    states.len(),
+                    self.size()
+                ),
             }
             .into());
         }
@@ -129,7 +133,11 @@ impl BurnWorld {
     /// burn's `Tensor::broadcast`: `tensor` lives on rank `root`'s device;
     /// result r is a copy on device r (result `root` is `tensor` itself,
     /// untouched).
-    pub fn broadcast<const D: usize>(&self, tensor: Tensor<D>, root: usize) -> Result<Vec<Tensor<D>>> {
+    pub fn broadcast<const D: usize>(
+        &self,
+        tensor: Tensor<D>,
+        root: usize,
+    ) -> Result<Vec<Tensor<D>>> {
         let (dims, dtype) = (tensor.dims(), tensor.dtype());
         let mut tensor = Some(tensor);
         let tensors = (0..self.size())
@@ -139,7 +147,12 @@ impl BurnWorld {
                 (false, None) => None,
             })
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::tensor(root, format!("broadcast: root {root} of {} ranks", self.size())))?;
+            .ok_or_else(|| {
+                Error::tensor(
+                    root,
+                    format!("broadcast: root {root} of {} ranks", self.size()),
+                )
+            })?;
         self.call(Kind::Broadcast { root }, tensors)
     }
 
@@ -171,7 +184,11 @@ impl BurnWorld {
         if tensors.len() != self.size() {
             return Err(Error::tensor(
                 0,
-                format!("{} tensors for {} ranks: one per rank", tensors.len(), self.size()),
+                format!(
+                    "{} tensors for {} ranks: one per rank",
+                    tensors.len(),
+                    self.size()
+                ),
             ));
         }
         if let Some(first) = tensors.first() {

@@ -86,7 +86,11 @@ fn run(args: &Args) -> Result<bool, Error> {
     let n = args.ranks;
     let world = BurnWorld::new(WorldConfig::new(n))?;
     let info = world.world().adapters().first().cloned();
-    let factor = if n > 1 { 2.0 * (n as f64 - 1.0) / n as f64 } else { 0.0 };
+    let factor = if n > 1 {
+        2.0 * (n as f64 - 1.0) / n as f64
+    } else {
+        0.0
+    };
     println!(
         "# wgpu-collectives-burn: all_reduce of burn f32 tensors over {n} burn devices \
          (one wgpu device each); warmup {}, iters {}, each call waits for its result",
@@ -107,13 +111,23 @@ fn run(args: &Args) -> Result<bool, Error> {
     );
     println!(
         "#{:>11}{:>13}{:>9}{:>7}{:>7}{:>11}{:>8}{:>8}{:>7}{:>11}{:>8}{:>8}{:>7}",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-        "algbw", "busbw", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
     );
     println!(
         "#{:>11}{:>13}{:>9}{:>7}{:>7}{:>11}{:>8}{:>8}{:>7}{:>11}{:>8}{:>8}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-        "(GB/s)"
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)"
     );
     let (mut wrong_total, mut busbw_sum, mut rows) = (0usize, 0.0, 0usize);
     let mut size = args.min_bytes.max(4);
@@ -172,7 +186,11 @@ fn run(args: &Args) -> Result<bool, Error> {
     );
     println!(
         "# Avg bus bandwidth    : {:.6}",
-        if rows > 0 { busbw_sum / rows as f64 } else { 0.0 }
+        if rows > 0 {
+            busbw_sum / rows as f64
+        } else {
+            0.0
+        }
     );
     println!("#");
     Ok(wrong_total == 0)
