@@ -3,18 +3,20 @@
 //! lend both to the engine), issue (the engine queues it and returns at
 //! once), finish (wait for it, hand the result back to burn).
 //!
-//! Staging never issues, so a call in burn's own shape (one tensor per
-//! device, driven from one thread) checks and lends every rank's tensor
-//! before any rank issues: a bad tensor fails the call with nothing in
-//! flight, instead of leaving the other ranks waiting for a peer that
-//! never comes.
+//! Staging is itself two steps: checking (everything that can be wrong
+//! with a tensor, without waiting on anything) and lending (which waits on
+//! burn's device thread). A call in burn's own shape (one tensor per
+//! device, driven from one thread) checks every rank's tensor before any
+//! rank issues, so a bad tensor fails the call with nothing in flight;
+//! then it lends and issues rank by rank, so the first ranks' collectives
+//! start while the later ranks' tensors are being lent.
 
 use burn_tensor::distributed::ReduceOperation;
 use burn_tensor::{Device, Tensor};
 use wgpu_collectives::{Communicator, ReduceOp, Work};
 
 use crate::error::{Error, Result};
-use crate::lend::{Lent, fresh, take};
+use crate::lend::{Lent, Taken, fresh, take};
 
 /// A reduction: burn's own [`ReduceOperation`] (`Sum`, `Mean`), or any of
 /// the engine's float reductions ([`ReduceOp`]: `Sum`, `Prod`, `Min`,
@@ -113,6 +115,32 @@ pub(crate) struct Staged {
     output: Lent,
 }
 
+/// A rank's tensor checked for `kind` (nothing lent yet: no wait on the
+/// device).
+pub(crate) struct Checked<const D: usize> {
+    kind: Kind,
+    taken: Taken<D>,
+    out_dims: [usize; D],
+}
+
+/// Checks `tensor` for `kind` on `comm`'s rank, whose burn device is
+/// `device`: everything that can be wrong with it, before anything is lent.
+pub(crate) fn check<const D: usize>(
+    comm: &Communicator,
+    device: &Device,
+    kind: Kind,
+    tensor: Tensor<D>,
+) -> Result<Checked<D>> {
+    let rank = comm.rank();
+    let taken = take(rank, device, tensor)?;
+    let out_dims = kind.out_dims(rank, comm.size(), taken.dims)?;
+    Ok(Checked {
+        kind,
+        taken,
+        out_dims,
+    })
+}
+
 /// Stages `kind` on `comm`'s rank, whose burn device is `device`.
 pub(crate) fn stage<const D: usize>(
     comm: &Communicator,
@@ -120,25 +148,35 @@ pub(crate) fn stage<const D: usize>(
     kind: Kind,
     tensor: Tensor<D>,
 ) -> Result<Staged> {
-    let rank = comm.rank();
-    let taken = take(rank, device, tensor)?;
-    let out_dims = kind.out_dims(rank, comm.size(), taken.dims)?;
-    if kind.in_place() && taken.cube.can_mut() {
-        let output = Lent::new(comm, taken.cube, taken.dtype)?;
-        return Ok(Staged {
+    check(comm, device, kind, tensor)?.lend(comm)
+}
+
+impl<const D: usize> Checked<D> {
+    /// Lends the tensor, and a fresh output unless the result is written
+    /// in place: this waits on burn's device thread.
+    pub(crate) fn lend(self, comm: &Communicator) -> Result<Staged> {
+        let Checked {
             kind,
-            input: None,
+            taken,
+            out_dims,
+        } = self;
+        if kind.in_place() && taken.cube.can_mut() {
+            let output = Lent::new(comm, taken.cube, taken.dtype)?;
+            return Ok(Staged {
+                kind,
+                input: None,
+                output,
+            });
+        }
+        let out = fresh(&taken.cube, out_dims);
+        let input = Lent::new(comm, taken.cube, taken.dtype)?;
+        let output = Lent::new(comm, out, taken.dtype)?;
+        Ok(Staged {
+            kind,
+            input: Some(input),
             output,
-        });
+        })
     }
-    let out = fresh(&taken.cube, out_dims);
-    let input = Lent::new(comm, taken.cube, taken.dtype)?;
-    let output = Lent::new(comm, out, taken.dtype)?;
-    Ok(Staged {
-        kind,
-        input: Some(input),
-        output,
-    })
 }
 
 impl Staged {

@@ -5,7 +5,7 @@ use burn_tensor::wgpu::WgpuSetup;
 use burn_tensor::{Device, Tensor};
 use wgpu_collectives::{World, WorldConfig};
 
-use crate::collective::{Kind, Reduction, Staged, stage};
+use crate::collective::{Kind, Reduction, check};
 use crate::devices::{pick_adapter, request_setups};
 use crate::error::{Error, Result};
 use crate::rank::Rank;
@@ -156,26 +156,37 @@ impl BurnWorld {
         self.call(Kind::Broadcast { root }, tensors)
     }
 
-    /// Stages every rank's part before any is issued, then issues all
-    /// from this thread (the engine queues each at once), then waits.
+    /// Checks every rank's tensor before any rank issues, then lends and
+    /// issues rank by rank from this thread (the engine queues each at
+    /// once), then waits for all.
     fn call<const D: usize>(&self, kind: Kind, tensors: Vec<Tensor<D>>) -> Result<Vec<Tensor<D>>> {
         self.check(&tensors)?;
-        let staged = tensors
+        let checked = tensors
             .into_iter()
             .zip(&self.devices)
             .enumerate()
-            .map(|(r, (t, device))| stage(self.comm(r)?, device, kind, t))
-            .collect::<Result<Vec<Staged>>>()?;
-        let works = staged
-            .iter()
-            .enumerate()
-            .map(|(r, s)| s.issue(self.comm(r)?))
+            .map(|(r, (t, device))| check(self.comm(r)?, device, kind, t))
             .collect::<Result<Vec<_>>>()?;
-        staged
-            .into_iter()
-            .zip(works)
-            .map(|(s, w)| s.finish(w))
-            .collect()
+        let mut running = Vec::with_capacity(checked.len());
+        for (r, c) in checked.into_iter().enumerate() {
+            let issued = self
+                .comm(r)
+                .and_then(|comm| c.lend(comm).and_then(|s| Ok((s.issue(comm)?, s))));
+            match issued {
+                Ok((work, staged)) => running.push((staged, work)),
+                Err(e) => {
+                    // A device that failed to hand over its tensor: the
+                    // ranks already running would wait for this one until
+                    // the deadline, so the group is aborted (as NCCL's
+                    // ncclCommAbort) and fails at once.
+                    if let Some(comm) = self.world.communicator(0) {
+                        comm.abort();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        running.into_iter().map(|(s, w)| s.finish(w)).collect()
     }
 
     /// One tensor per rank, all of one shape and dtype (burn's own check,
