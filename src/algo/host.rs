@@ -65,16 +65,23 @@ impl HostSteps<'_, '_> {
         let prev = self.p.prev();
         let mut data = self.p.take(prev, span.bytes())?;
         let fold = self.fold;
-        let dst = self.span_mut(span)?;
-        fold.fold(dst, &data, last);
-        if !forward {
-            self.p.recycle(data);
-            return Ok(());
+        // Folded into the packet, which then travels on as it is: every
+        // operator commutes bit for bit (IEEE addition and product, min
+        // and max, wrapping integers, bitwise), so this is the image's
+        // fold without copying the image back out. The image's own span
+        // is needed again only once final: in the last step here, or when
+        // the all-gather brings it.
+        fold.fold(&mut data, self.span(span)?, last);
+        if last {
+            self.span_mut(span)?.copy_from_slice(&data);
         }
-        data.clear();
-        data.extend_from_slice(self.span(span)?);
-        let next = self.p.next();
-        self.p.post(next, data)
+        if forward {
+            let next = self.p.next();
+            self.p.post(next, data)
+        } else {
+            self.p.recycle(data);
+            Ok(())
+        }
     }
 
     /// Takes the previous rank's final bytes for `span` into the image;
