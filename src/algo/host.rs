@@ -9,7 +9,7 @@
 )]
 
 use crate::algo::fold::HostFold;
-use crate::algo::prims::{Prims, RingSteps, Span};
+use crate::algo::prims::{Prims, RingSteps, Span, reduce_step};
 use crate::error::Result;
 
 /// Ring steps over `image`, a host copy of the working buffer.
@@ -51,14 +51,7 @@ impl HostSteps<'_, '_> {
     /// Takes the previous rank's packet for `span`, folds it into the image
     /// (`last`: the final fold) and sends the result on in the same buffer.
     fn reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
-        self.p.step(
-            match (last, forward) {
-                (false, _) => "recv_reduce_send",
-                (true, true) => "recv_reduce_copy_send",
-                (true, false) => "recv_reduce",
-            },
-            span,
-        );
+        self.p.step(reduce_step(last, forward), span);
         if span.words == 0 {
             return Ok(());
         }
@@ -75,6 +68,12 @@ impl HostSteps<'_, '_> {
         if last {
             self.span_mut(span)?.copy_from_slice(&data);
         }
+        self.pass_on(data, forward)
+    }
+
+    /// Sends `data` to the next rank when `forward`, else gives it back to
+    /// the pool.
+    fn pass_on(&mut self, data: Vec<u8>, forward: bool) -> Result<()> {
         if forward {
             let next = self.p.next();
             self.p.post(next, data)
@@ -95,13 +94,7 @@ impl HostSteps<'_, '_> {
         let prev = self.p.prev();
         let data = self.p.take(prev, span.bytes())?;
         self.span_mut(span)?.copy_from_slice(&data);
-        if forward {
-            let next = self.p.next();
-            self.p.post(next, data)
-        } else {
-            self.p.recycle(data);
-            Ok(())
-        }
+        self.pass_on(data, forward)
     }
 }
 

@@ -108,6 +108,16 @@ impl RingSteps for Prims<'_> {
     }
 }
 
+/// The name of a reduction step, for the trace: `last`, the final fold;
+/// `forward`, the result goes on to the next rank.
+pub(crate) fn reduce_step(last: bool, forward: bool) -> &'static str {
+    match (last, forward) {
+        (false, _) => "recv_reduce_send",
+        (true, true) => "recv_reduce_copy_send",
+        (true, false) => "recv_reduce",
+    }
+}
+
 /// Primitive steps of one collective on one rank.
 pub(crate) struct Prims<'a> {
     pub w: Waiter<'a>,
@@ -401,14 +411,7 @@ impl<'a> Prims<'a> {
     }
 
     fn recv_reduce_then(&mut self, span: Span, last: bool, forward: bool) -> Result<()> {
-        self.step(
-            match (last, forward) {
-                (false, _) => "recv_reduce_send",
-                (true, true) => "recv_reduce_copy_send",
-                (true, false) => "recv_reduce",
-            },
-            span,
-        );
+        self.step(reduce_step(last, forward), span);
         if span.words == 0 {
             return Ok(());
         }
