@@ -6,10 +6,12 @@
 //! encoders; the engine's submission must come after them on the shared
 //! queue), pin the allocation (cubecl must not hand the range to another
 //! tensor while the collective reads or writes it), and wrap the range as
-//! an engine tensor with `Communicator::wrap_buffer`. No byte goes through
-//! the host. Handing back is building the burn tensor again from the same
-//! handle once the collective has completed, so every burn kernel
-//! submitted afterwards sees the result.
+//! an engine tensor with `Communicator::wrap_buffer`. burn never reads the
+//! tensor back: the engine takes the bytes from burn's own buffer (between
+//! devices of their own they cross host staging, as a hop between two GPUs
+//! without peer access does). Handing back is building the burn tensor
+//! again from the same handle once the collective has completed, so every
+//! burn kernel submitted afterwards sees the result.
 //!
 //! burn shares a handle between tensors (a `clone` is a second reference,
 //! not a copy), so a result is written in place only into a handle its
