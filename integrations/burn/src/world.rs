@@ -12,6 +12,11 @@ use crate::rank::Rank;
 
 /// Ranks on wgpu devices that burn and the engine share: rank r's tensors
 /// live on [`devices()[r]`](Self::devices).
+///
+/// The `Vec`-shaped calls issue every rank's part from the calling thread,
+/// so a world takes them from one thread at a time (the engine pairs
+/// collectives by issue order; a second thread issuing while the first's
+/// calls are in flight fails the group rather than pair them wrongly).
 pub struct BurnWorld {
     world: World,
     devices: Vec<Device>,
