@@ -434,35 +434,7 @@ impl Progress {
                 let (x, out) = (&ins[0], &outs[0]);
                 let words = x.words();
                 if host_ring {
-                    // Down once from the input, the ring on the host, up
-                    // once into the output (no copy of the input first).
-                    tracing::debug!(
-                        rank = r,
-                        seq = op.fp.seq,
-                        algorithm = "ring",
-                        folds = "host"
-                    );
-                    let fold = HostFold {
-                        dtype: x.dtype(),
-                        op: *reduce_op,
-                        ranks: u32::try_from(n).unwrap_or(u32::MAX),
-                    };
-                    // The image holds the ring's padded words; only the
-                    // view's own bytes come down and go up.
-                    let bytes = x.byte_len().next_multiple_of(4) as usize;
-                    p.buf = x.buffer().clone();
-                    let mut image = p.download_image_at(x.word_offset(), bytes)?;
-                    image.resize(words * 4, 0);
-                    let steps = &mut HostSteps {
-                        p: &mut p,
-                        image: &mut image,
-                        fold,
-                    };
-                    ring::all_reduce(steps, words)?;
-                    p.buf = out.buffer().clone();
-                    let own = image.get(..bytes).unwrap_or(&image);
-                    p.upload_image_at(out.word_offset(), own)?;
-                    p.recycle(image);
+                    all_reduce_on_host(&mut p, x, out, *reduce_op, n)?;
                 } else {
                     // Out of place, the input is copied first and reduced in
                     // place. Reading it where it lies instead (a kernel writing
@@ -581,6 +553,51 @@ impl Progress {
         }
         Ok(ran)
     }
+}
+
+/// An all-reduce as the ring on the host (`algo/fold.rs`): down once from
+/// the input, the ring's steps on a host image, up once into the output
+/// (no device copy of the input into the output first).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "the words of a tensor whose byte size was checked when it was made"
+)]
+fn all_reduce_on_host(
+    p: &mut Prims,
+    x: &Tensor,
+    out: &Tensor,
+    op: ReduceOp,
+    n: usize,
+) -> Result<()> {
+    tracing::debug!(
+        rank = p.rank(),
+        seq = p.w.fp.seq,
+        algorithm = "ring",
+        folds = "host"
+    );
+    let fold = HostFold {
+        dtype: x.dtype(),
+        op,
+        ranks: u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    // The image holds the ring's padded words; only the view's own bytes
+    // come down and go up.
+    let words = x.words();
+    let bytes = usize::try_from(x.byte_len().next_multiple_of(4)).unwrap_or(usize::MAX);
+    p.buf = x.buffer().clone();
+    let mut image = p.download_image_at(x.word_offset(), bytes)?;
+    image.resize(words * 4, 0);
+    let steps = &mut HostSteps {
+        p: &mut *p,
+        image: &mut image,
+        fold,
+    };
+    ring::all_reduce(steps, words)?;
+    p.buf = out.buffer().clone();
+    let own = image.get(..bytes).unwrap_or(&image);
+    p.upload_image_at(out.word_offset(), own)?;
+    p.recycle(image);
+    Ok(())
 }
 
 /// A collective's tensors as its schedule sees them: views it can work on
