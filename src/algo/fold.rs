@@ -39,13 +39,15 @@ impl HostFold {
         };
         match self.dtype {
             DType::F32 => {
-                let op = self.op;
-                match op {
+                match self.op {
                     ReduceOp::Prod => words(dst, src, |a, b| {
                         (f32::from_bits(a) * f32::from_bits(b)).to_bits()
                     }),
-                    ReduceOp::Min | ReduceOp::Max => words(dst, src, |a, b| {
-                        float(op, f32::from_bits(a), f32::from_bits(b)).to_bits()
+                    ReduceOp::Min => words(dst, src, |a, b| {
+                        nan_min(f32::from_bits(a), f32::from_bits(b)).to_bits()
+                    }),
+                    ReduceOp::Max => words(dst, src, |a, b| {
+                        nan_max(f32::from_bits(a), f32::from_bits(b)).to_bits()
                     }),
                     _ => words(dst, src, |a, b| {
                         (f32::from_bits(a) + f32::from_bits(b)).to_bits()
@@ -57,16 +59,20 @@ impl HostFold {
                 }
             }
             DType::I32 | DType::U32 => {
-                let (op, signed) = (self.op, self.dtype == DType::I32);
-                match op {
+                let signed = self.dtype == DType::I32;
+                match self.op {
                     ReduceOp::BitAnd => words(dst, src, |a, b| a & b),
                     ReduceOp::BitOr => words(dst, src, |a, b| a | b),
                     ReduceOp::BitXor => words(dst, src, |a, b| a ^ b),
                     ReduceOp::Prod => words(dst, src, u32::wrapping_mul),
-                    ReduceOp::Min | ReduceOp::Max if signed => {
-                        words(dst, src, |a, b| int(op, a as i32, b as i32) as u32)
+                    ReduceOp::Min if signed => {
+                        words(dst, src, |a, b| (a as i32).min(b as i32) as u32)
                     }
-                    ReduceOp::Min | ReduceOp::Max => words(dst, src, |a, b| uint(op, a, b)),
+                    ReduceOp::Max if signed => {
+                        words(dst, src, |a, b| (a as i32).max(b as i32) as u32)
+                    }
+                    ReduceOp::Min => words(dst, src, u32::min),
+                    ReduceOp::Max => words(dst, src, u32::max),
                     // Wrapping addition is the same bits for i32 and u32.
                     _ => words(dst, src, u32::wrapping_add),
                 }
@@ -79,40 +85,51 @@ impl HostFold {
                     }
                 }
             }
-            DType::F16 => {
-                let op = self.op;
-                halves(dst, src, |a, b| {
-                    let v = float(
-                        op,
-                        half::f16::from_bits(a).to_f32(),
-                        half::f16::from_bits(b).to_f32(),
-                    );
-                    let v = half::f16::from_f32(v);
-                    if divisor == 0 {
-                        v.to_bits()
-                    } else {
-                        half::f16::from_f32(v.to_f32() / divisor as f32).to_bits()
-                    }
-                })
-            }
-            DType::BF16 => {
-                let op = self.op;
-                halves(dst, src, |a, b| {
-                    let v = float(
-                        op,
-                        half::bf16::from_bits(a).to_f32(),
-                        half::bf16::from_bits(b).to_f32(),
-                    );
-                    let v = half::bf16::from_f32(v);
-                    if divisor == 0 {
-                        v.to_bits()
-                    } else {
-                        half::bf16::from_f32(v.to_f32() / divisor as f32).to_bits()
-                    }
-                })
-            }
+            DType::F16 => halves_in_f32(
+                dst,
+                src,
+                self.op,
+                divisor,
+                |h| half::f16::from_bits(h).to_f32(),
+                |v| half::f16::from_f32(v).to_bits(),
+            ),
+            DType::BF16 => halves_in_f32(
+                dst,
+                src,
+                self.op,
+                divisor,
+                |h| half::bf16::from_bits(h).to_f32(),
+                |v| half::bf16::from_f32(v).to_bits(),
+            ),
         }
     }
+}
+
+/// The 16-bit floats' fold, as the kernel's: `lift` to `f32`, combine,
+/// `lower` (rounding to nearest even), and Avg's division after that
+/// rounding.
+fn halves_in_f32(
+    dst: &mut [u8],
+    src: &[u8],
+    op: ReduceOp,
+    divisor: u32,
+    lift: impl Fn(u16) -> f32,
+    lower: impl Fn(f32) -> u16,
+) {
+    halves(dst, src, |a, b| {
+        let (a, b) = (lift(a), lift(b));
+        let v = lower(match op {
+            ReduceOp::Prod => a * b,
+            ReduceOp::Min => nan_min(a, b),
+            ReduceOp::Max => nan_max(a, b),
+            _ => a + b,
+        });
+        if divisor == 0 {
+            v
+        } else {
+            lower(lift(v) / divisor as f32)
+        }
+    })
 }
 
 /// Applies `f` to each pair of 32-bit words; on aligned buffers (the
@@ -158,46 +175,22 @@ fn halves(dst: &mut [u8], src: &[u8], f: impl Fn(u16, u16) -> u16) {
     }
 }
 
-/// The kernel's `combine` for floats. Min and max of a NaN are left to the
-/// adapter by WGSL; here the NaN wins, as the ring's other ranks see it.
-fn float(op: ReduceOp, a: f32, b: f32) -> f32 {
-    match op {
-        ReduceOp::Prod => a * b,
-        ReduceOp::Min => {
-            if a.is_nan() || b.is_nan() {
-                f32::NAN
-            } else {
-                a.min(b)
-            }
-        }
-        ReduceOp::Max => {
-            if a.is_nan() || b.is_nan() {
-                f32::NAN
-            } else {
-                a.max(b)
-            }
-        }
-        _ => a + b,
+/// Min and max: WGSL leaves those of a NaN to the adapter; here the NaN
+/// wins, whichever side it is on (so the packet's fold commutes).
+fn nan_min(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.min(b)
     }
 }
 
-/// The kernel's `combine` for `i32`: WGSL's integer arithmetic wraps.
-fn int(op: ReduceOp, a: i32, b: i32) -> i32 {
-    match op {
-        ReduceOp::Prod => a.wrapping_mul(b),
-        ReduceOp::Min => a.min(b),
-        ReduceOp::Max => a.max(b),
-        _ => a.wrapping_add(b),
-    }
-}
-
-/// The kernel's `combine` for `u32`.
-fn uint(op: ReduceOp, a: u32, b: u32) -> u32 {
-    match op {
-        ReduceOp::Prod => a.wrapping_mul(b),
-        ReduceOp::Min => a.min(b),
-        ReduceOp::Max => a.max(b),
-        _ => a.wrapping_add(b),
+/// See [`nan_min`].
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
     }
 }
 
