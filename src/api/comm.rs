@@ -1618,8 +1618,40 @@ impl Communicator {
     }
 }
 
+thread_local! {
+    /// On a rank thread of `World::run`, while its closure may unwind: the
+    /// links of communicators dropped by the unwinding (a split's child,
+    /// say). Closing them at once would tell peers "its end of the link is
+    /// gone" before the run has recorded the panic, and that, not the
+    /// panic, would be the failure they report.
+    static UNWOUND_LINKS: std::cell::RefCell<Option<Vec<Arc<Link>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// This thread runs a rank's closure: links dropped while it unwinds are
+/// kept until [`release_unwound_links`].
+pub(crate) fn keep_unwound_links() {
+    UNWOUND_LINKS.with(|l| *l.borrow_mut() = Some(Vec::new()));
+}
+
+/// The closure has returned or its panic is recorded: the links it
+/// dropped while unwinding close now.
+pub(crate) fn release_unwound_links() {
+    let links = UNWOUND_LINKS.with(|l| l.borrow_mut().take());
+    drop(links);
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            UNWOUND_LINKS.with(|l| {
+                if let Ok(mut l) = l.try_borrow_mut() {
+                    if let Some(kept) = l.as_mut() {
+                        kept.push(self.endpoint.clone());
+                    }
+                }
+            });
+        }
         // Closing the queue ends the progress thread once it has run what was queued.
         lock(&self.issuer).tx = None;
         if let Some(h) = lock(&self.progress).take() {

@@ -11,6 +11,7 @@
 //! `shader-f16`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::{RankDevice, size_class};
 pub use crate::dtype::{DType, Element};
@@ -36,11 +37,14 @@ struct TensorInner {
     /// Whether the engine made the buffer (from its pool, padded to whole
     /// 16-byte units that kernels may write), or wraps a user's.
     pooled: bool,
+    /// Set by [`Tensor::into_buffer`]: the user owns the buffer now, so it
+    /// never goes back to the pool.
+    kept: AtomicBool,
 }
 
 impl Drop for TensorInner {
     fn drop(&mut self) {
-        if self.pooled {
+        if self.pooled && !self.kept.load(Ordering::Acquire) {
             self.device.recycle_buffer(self.buffer.clone());
         }
     }
@@ -96,6 +100,7 @@ impl Tensor {
                 dtype,
                 device: device.clone(),
                 pooled: true,
+                kept: AtomicBool::new(false),
             }),
         }
     }
@@ -167,6 +172,7 @@ impl Tensor {
                 dtype,
                 device: device.clone(),
                 pooled: false,
+                kept: AtomicBool::new(false),
             }),
         })
     }
@@ -174,11 +180,14 @@ impl Tensor {
     /// Whether collectives can work on the tensor where it lies: it starts
     /// its buffer and kernels may write all of its padded 16-byte units.
     /// Other views (a user's buffer at an offset, or whose length leaves a
-    /// partial unit that belongs to someone else) are staged.
+    /// partial unit that belongs to someone else) are staged, and so is an
+    /// empty view, whose buffer may be too small to bind (its stand-in is
+    /// an engine tensor of no elements; nothing is copied in or out).
     pub(crate) fn direct(&self) -> bool {
         let i = &self.inner;
         i.pooled
             || (i.offset == 0
+                && i.len > 0
                 && i.len
                     .checked_mul(i.dtype.size())
                     .is_some_and(|b| b % 16 == 0))
@@ -204,15 +213,18 @@ impl Tensor {
         usize::try_from(self.inner.offset / 4).unwrap_or(usize::MAX)
     }
 
-    /// Whether `self` and `other` share any byte.
+    /// Whether `self` and `other` share any byte of their elements. The
+    /// padding of an engine-made tensor is its own (one tensor per pooled
+    /// buffer), and a wrapped view is never written past its elements
+    /// (views that are not whole 16-byte units are staged), so views that
+    /// touch without sharing a byte do not overlap.
     pub(crate) fn overlaps(&self, other: &Tensor) -> bool {
         if self.buffer() != other.buffer() || self.is_empty() || other.is_empty() {
             return false;
         }
         let range = |t: &Tensor| {
             let start = t.inner.offset;
-            let bytes = t.dtype().padded_bytes(t.len()).unwrap_or(u64::MAX);
-            (start, start.saturating_add(bytes))
+            (start, start.saturating_add(t.byte_len()))
         };
         let ((a0, a1), (b0, b1)) = (range(self), range(other));
         a0 < b1 && b0 < a1
@@ -279,8 +291,37 @@ impl Tensor {
 
     /// The wgpu buffer holding the tensor: the engine's own, or the one a
     /// user wrapped ([`Communicator::wrap_buffer`](crate::Communicator::wrap_buffer)).
+    ///
+    /// A lend, as torch's `data_ptr()` is: an engine-made buffer is this
+    /// tensor's while any clone of the `Tensor` lives. When the last clone
+    /// is dropped the buffer goes back to the rank's pool, and a later
+    /// tensor (a collective's output, [`Communicator::tensor`](crate::Communicator::tensor))
+    /// may take it and overwrite its bytes, even if a clone of the
+    /// `wgpu::Buffer` is still held. To use the bytes past the tensor, keep
+    /// a clone of the tensor, or take the buffer for good with
+    /// [`into_buffer`](Self::into_buffer). A buffer the user wrapped is
+    /// the user's and never enters the pool.
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.inner.buffer
+    }
+
+    /// The buffer, which from now on belongs to the caller: it never goes
+    /// back to the engine's pool, so no later tensor takes it (other clones
+    /// of this tensor still see it; see [`buffer`](Self::buffer)).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(1))?;
+    /// let c = world.communicator(0).expect("rank 0");
+    /// let weights: wgpu::Buffer = c.tensor(&[1.0f32; 4])?.into_buffer();
+    /// let other = c.tensor(&[2.0f32; 4])?; // never lands in `weights`
+    /// assert!(other.buffer() != &weights);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_buffer(self) -> wgpu::Buffer {
+        self.inner.kept.store(true, Ordering::Release);
+        self.inner.buffer.clone()
     }
 
     /// Where the tensor starts in [`buffer`](Self::buffer), in bytes (0

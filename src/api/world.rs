@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::api::comm::{Communicator, Reach, panic_message};
+use crate::api::comm::{
+    Communicator, Reach, keep_unwound_links, panic_message, release_unwound_links,
+};
 use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
@@ -470,7 +472,15 @@ impl World {
                 "world: rank device"
             );
         }
-        let health = Health::new(n, config.flight_depth()?, config.flight_dump());
+        // Which ranks of this process share a device (the rest live elsewhere).
+        let keys = (0..n)
+            .map(|r| {
+                r.checked_sub(base)
+                    .and_then(|i| devices.get(i))
+                    .map(|d| d.key())
+            })
+            .collect();
+        let health = Health::new(keys, config.flight_depth()?, config.flight_dump());
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let comms = links
             .into_iter()
@@ -653,6 +663,7 @@ impl World {
                         .name(format!("rank-{}", c.rank()))
                         .spawn_scoped(s, move || {
                             c.bind_run_thread();
+                            keep_unwound_links();
                             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                                 f(c, state)
                             }));
@@ -662,6 +673,7 @@ impl World {
                                     message: panic_message(p),
                                 });
                             }
+                            release_unwound_links();
                             c.depart();
                             r
                         })

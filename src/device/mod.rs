@@ -76,8 +76,6 @@ pub(crate) struct Core {
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
-    /// Whether the engine made the device (and installed its callbacks).
-    owned: bool,
     /// Submits, and learns when submissions complete.
     owner: Owner,
 }
@@ -202,7 +200,6 @@ impl RankDevice {
                 direct: direct::DirectKernels::default(),
                 unified,
                 timestamps,
-                owned,
                 owner,
             }),
         }))
@@ -216,6 +213,12 @@ impl RankDevice {
             pool: Mutex::new(BufferPool::default()),
             created: AtomicU64::new(0),
         })
+    }
+
+    /// Names this rank's wgpu device within the process: ranks with the
+    /// same key share it.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.core).addr()
     }
 
     /// Whether `other` runs on the same wgpu device as this rank.
@@ -359,24 +362,32 @@ impl RankDevice {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
     }
 
-    /// Submits what `encoder` recorded. On a device the user handed in,
-    /// inside error scopes: its global error handler is not ours.
+    /// Submits what `encoder` recorded, inside error scopes on every
+    /// device (the engine's and the user's alike): a submission that fails
+    /// validation (a destroyed or still-mapped buffer, say) is an error for
+    /// the call that made it, naming this rank, and never reaches the
+    /// owner's queue of submissions to wait for, so the device goes on.
     pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder, seq: Option<u64>) -> Result<Ticket> {
-        let commands = encoder.finish();
-        if self.owned {
-            let t = self.owner.submit(commands);
-            self.check(seq)?;
-            return Ok(t);
-        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let t = self.owner.submit(commands);
-        let v = pollster::block_on(validation.pop());
-        let o = pollster::block_on(oom.pop());
-        match v.or(o) {
-            Some(e) => Err(Error::device(self.rank, seq, format!("submitting: {e}"))),
-            None => Ok(t),
-        }
+        let commands = encoder.finish();
+        let t = self
+            .owner
+            .submit(commands, || {
+                let v = pollster::block_on(validation.pop());
+                let o = pollster::block_on(oom.pop());
+                v.or(o).map(|e| e.to_string())
+            })
+            .map_err(|e| {
+                Error::device(
+                    self.rank,
+                    seq,
+                    format!("a submission failed validation (nothing of it ran): {e}"),
+                )
+            })?;
+        // A device lost before or during the submit runs nothing.
+        self.check(seq)?;
+        Ok(t)
     }
 
     /// Waits for `t` at most `limit`; `Ok(false)` when it is still running.

@@ -143,16 +143,28 @@ impl Owner {
     }
 
     /// Submits `commands` on the queue; the ticket says when they are done.
-    pub(crate) fn submit(&self, commands: wgpu::CommandBuffer) -> Ticket {
+    /// `failed` is asked, right after the submit and on the same thread,
+    /// whether the submission failed validation (the caller's error scopes
+    /// know): a failed submission never reaches the queue, so it gets no
+    /// ticket and nothing ever waits on its index (wgpu refuses to wait on
+    /// an index it did not return from a successful submission).
+    pub(crate) fn submit(
+        &self,
+        commands: wgpu::CommandBuffer,
+        failed: impl FnOnce() -> Option<String>,
+    ) -> std::result::Result<Ticket, String> {
         let _order = lock(&self.submitting);
         let index = self.queue.submit([commands]);
+        if let Some(why) = failed() {
+            return Err(why);
+        }
         let mut s = lock(&self.signal.state);
         s.issued = s.issued.saturating_add(1);
         let t = s.issued;
         s.pending.push_back((t, index));
         drop(s);
         self.signal.work.notify_one();
-        Ticket(t)
+        Ok(Ticket(t))
     }
 
     /// Whether `t` has completed (never blocks).
@@ -312,7 +324,11 @@ fn run(device: &wgpu::Device, signal: &Signal) {
                 true
             }
             Err(e) => {
-                // The device is gone: nothing pending will complete.
+                // The device is gone: nothing pending will complete. (A
+                // submission that failed validation never gets here: it
+                // has no ticket, see `Owner::submit`; a lost device's
+                // submissions fail without a validation error, and their
+                // index is refused here.)
                 if s.fault.as_ref().is_none_or(|(_, p)| !p) {
                     s.fault = Some((format!("polling the device failed: {e}"), true));
                 }

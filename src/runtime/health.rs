@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::deadline::{Patience, Watch};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
+use crate::runtime::claims::Claims;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::{Flight, FlightRecord};
 use crate::runtime::hop::Link;
@@ -38,6 +39,8 @@ pub(crate) struct Health {
     /// Runs started (resets): a failure passed on from another process
     /// belongs to the run it happened in, not to whichever runs here.
     runs: std::sync::atomic::AtomicU32,
+    /// What ranks that share a device without meeting on it write.
+    pub claims: Claims,
 }
 
 /// Passes a failure on to ranks this record does not reach (those of
@@ -60,9 +63,17 @@ struct Failure {
 }
 
 impl Health {
-    /// A world's group of `ranks`, remembering `depth` collectives per rank.
-    pub(crate) fn new(ranks: usize, depth: usize, dump: Option<std::path::PathBuf>) -> Arc<Health> {
+    /// A world's group whose rank r runs on device `devices[r]` (`None`
+    /// for ranks of other processes), remembering `depth` collectives per
+    /// rank.
+    pub(crate) fn new(
+        devices: Vec<Option<usize>>,
+        depth: usize,
+        dump: Option<std::path::PathBuf>,
+    ) -> Arc<Health> {
+        let ranks = devices.len();
         Arc::new(Health {
+            claims: Claims::new(devices),
             failure: Mutex::new(None),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, depth),
@@ -76,6 +87,7 @@ impl Health {
 
     fn with_parent(ranks: usize, parent: (Arc<Health>, Vec<usize>)) -> Health {
         Health {
+            claims: Claims::new(parent.0.claims.devices_of(&parent.1)),
             failure: Mutex::new(None),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, parent.0.flight.depth()),
@@ -246,6 +258,18 @@ impl Health {
         self.clear_gone();
         self.flight.clear();
         lock(&self.forming).clear();
+        self.claims.clear();
+    }
+
+    /// What `rank` of this group was doing at `fp`, as its flight record
+    /// names it (the fingerprint itself when the record has let it go).
+    fn doing(&self, rank: usize, fp: &Fingerprint) -> String {
+        let named = self.flight.doing(rank, fp);
+        if named.is_empty() {
+            fp.to_string()
+        } else {
+            named
+        }
     }
 
     /// `Ok` while nobody has failed; else the error `rank` should report for `seq`.
@@ -255,7 +279,30 @@ impl Health {
             Some(f) => f,
             None => {
                 return match &self.parent {
-                    Some((p, map)) => p.check(map.get(rank).copied().unwrap_or(rank), fp),
+                    // A failure of the parent group fails this one too; the
+                    // call it names is this group's, not the parent's call
+                    // of the same sequence number.
+                    Some((p, map)) => {
+                        p.check(map.get(rank).copied().unwrap_or(rank), fp)
+                            .map_err(|e| match e {
+                                Error::PeerFailed {
+                                    rank,
+                                    seq,
+                                    peer,
+                                    reason,
+                                    flight,
+                                    ..
+                                } => Error::PeerFailed {
+                                    rank,
+                                    seq,
+                                    doing: self.doing(rank, fp),
+                                    peer,
+                                    reason,
+                                    flight,
+                                },
+                                e => e,
+                            })
+                    }
                     None => Ok(()),
                 };
             }
@@ -284,7 +331,7 @@ impl Health {
             Error::PeerFailed { reason, .. } => Error::PeerFailed {
                 rank,
                 seq,
-                doing: self.flight.doing(rank, fp),
+                doing: self.doing(rank, fp),
                 peer: f.origin,
                 reason,
                 flight: self.flight.report(),
@@ -292,7 +339,7 @@ impl Health {
             e => Error::PeerFailed {
                 rank,
                 seq,
-                doing: self.flight.doing(rank, fp),
+                doing: self.doing(rank, fp),
                 peer: f.origin,
                 reason: e.to_string(),
                 flight: self.flight.report(),

@@ -32,8 +32,16 @@ pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Wai
         }
         _ => packet,
     };
-    link.send(peer, lane, packet)
-        .map_err(|_| w.peer_failed(peer, "its end of the link is gone".into()))
+    link.send(peer, lane, packet).map_err(|_| gone(peer, w))
+}
+
+/// `peer`'s end of the link is gone: its group was dropped, after a
+/// failure (reported as that failure, recorded first) or without one.
+fn gone(peer: usize, w: &Waiter) -> Error {
+    match w.health.check(w.rank, &w.fp) {
+        Err(e) => e,
+        Ok(()) => w.peer_failed(peer, "its end of the link is gone".into()),
+    }
 }
 
 /// Receives the next packet from `peer` on `lane`, checking that it
@@ -46,7 +54,7 @@ pub(crate) fn take(
     bytes: usize,
     w: &Waiter,
 ) -> Result<Packet> {
-    let gone = || w.peer_failed(peer, "its end of the link is gone".into());
+    let gone = || gone(peer, w);
     let p = w.until(
         || match bytes {
             0 => format!("rank {peer} to join {}", w.fp),

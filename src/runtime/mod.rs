@@ -3,6 +3,7 @@
 //! order, the hops it makes, the group's health and flight record, and
 //! the cost model that picks its algorithm.
 
+pub(crate) mod claims;
 pub(crate) mod collective;
 pub(crate) mod cost;
 pub(crate) mod fingerprint;

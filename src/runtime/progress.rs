@@ -371,6 +371,11 @@ impl Progress {
         // call checks its one peer with its first packet.)
         if n > 1 && !p2p {
             handshake(&*self.endpoint, &waiter, n)?;
+            // Ranks that share this device, each with its own progress,
+            // agree that none writes bytes another touches.
+            self.health
+                .claims
+                .check(&waiter, &op.inputs, outs, op.what.writes_output(r))?;
         }
         let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
             (Some(o), Some(dtype)) if n > 1 => {
