@@ -123,15 +123,15 @@ fn timed(
     let times = world
         .run(|comm| -> Result<Duration, wgpu_collectives::Error> {
             let x = comm.tensor(&vec![1.0f32; bytes / 4])?;
-            one(comm, &x)?.wait()?; // warm
-            comm.barrier()?.wait()?;
+            let _ = one(comm, &x)?.wait()?; // warm
+            let _ = comm.barrier()?.wait()?;
             let start = Instant::now();
             let mut last = None;
             for _ in 0..iters {
                 last = Some(one(comm, &x)?);
             }
             if let Some(w) = last {
-                w.wait()?;
+                let _ = w.wait()?;
             }
             Ok(start.elapsed())
         })

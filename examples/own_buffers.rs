@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // submitted to the same queue and not waited for: the collective
         // comes after it in stream order, as with NCCL.
         let view = comm.wrap_buffer(&grad, 0, DType::F32, LEN as usize)?;
-        comm.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
+        let _ = comm.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
         Ok(read_back(comm, &grad))
     })?;
 

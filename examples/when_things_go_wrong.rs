@@ -22,7 +22,7 @@ fn main() -> Result<(), Error> {
     // Rank 2 is busy elsewhere and never issues the second all_reduce in time.
     let r = world.run(|c| {
         let x = c.tensor(&[1.0f32; 1000])?;
-        c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+        let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
         if c.rank() == 2 {
             std::thread::sleep(Duration::from_secs(4));
             return Ok(());

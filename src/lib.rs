@@ -37,7 +37,7 @@
 //! let grad: wgpu::Buffer = fill_gradient(comm);
 //! // All-reduced where it lies, after the fill in stream order.
 //! let view = comm.wrap_buffer(&grad, 0, DType::F32, len)?;
-//! comm.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
+//! let _ = comm.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
 //! // Read with the rank's own staging buffer.
 //! Ok(read_back(comm, &grad))
 //! # }

@@ -270,7 +270,7 @@ fn barrier_waits_for_the_last_rank() {
             std::thread::sleep(Duration::from_millis(300));
         }
         let arrived = start.elapsed();
-        c.barrier()?.wait()?;
+        let _ = c.barrier()?.wait()?;
         Ok((arrived, start.elapsed()))
     });
     let last_arrival = got.iter().map(|g| g.0).max().expect("ranks");

@@ -131,7 +131,7 @@ fn a_rank_that_skips_a_collective_is_a_mismatch_of_sequence_numbers() {
         .run(|c| -> Result<usize, Error> {
             let x = c.tensor(&[1.0f32; 100])?;
             if c.rank() != 0 {
-                c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+                let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             }
             let y = c.tensor(&[2.0f32; 50])?;
             c.all_reduce(&y, ReduceOp::Sum)?.wait().map(|t| t.len())
@@ -151,7 +151,7 @@ fn a_rank_that_never_arrives_times_out_with_a_flight_record() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 10])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 2 {
                 // Busy elsewhere, longer than the timeout, then gone.
                 std::thread::sleep(Duration::from_secs(3));
@@ -233,7 +233,7 @@ fn a_failure_chain_names_the_first_failure_once() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 100])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 2 {
                 return Ok(());
             }
@@ -282,7 +282,7 @@ fn a_rank_that_returns_early_fails_its_peers_within_a_second() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 1000])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 3 {
                 return Ok(());
             }
@@ -353,7 +353,7 @@ fn device_loss_becomes_an_error_and_peers_fail_cleanly() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 1000])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 1 {
                 c.device().destroy();
             }
@@ -387,7 +387,7 @@ fn losing_a_shared_device_is_a_device_error_on_every_rank_that_shares_it() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 1000])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 1 {
                 c.device().destroy();
             }

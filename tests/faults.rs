@@ -267,7 +267,7 @@ fn views_that_touch_without_sharing_a_byte_are_allowed() {
                     c.queue().write_buffer(&b, 0, &one);
                     let x = c.wrap_buffer(&b, 0, dtype, per)?;
                     let out = c.wrap_buffer(&b, 4, dtype, per)?;
-                    c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
+                    let _ = c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
                     let two = read_bytes(c, &b);
                     Ok(two)
                 })

@@ -13,7 +13,7 @@ fn the_record_keeps_the_last_collectives_of_every_rank() {
     w.run(|c| -> Result<(), Error> {
         let x = c.tensor(&[1i32; 10])?;
         for _ in 0..4 {
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
         }
         c.barrier()?.wait().map(|_| ())
     })
@@ -50,7 +50,7 @@ fn the_default_depth_is_64_and_json_parses() {
     let w = common::world(2);
     w.run(|c| -> Result<(), Error> {
         for _ in 0..70 {
-            c.barrier()?.wait()?;
+            let _ = c.barrier()?.wait()?;
         }
         Ok(())
     })
@@ -83,7 +83,7 @@ fn a_timeout_writes_the_record_where_asked() {
     let r = w
         .run(|c| -> Result<(), Error> {
             let x = c.tensor(&[1.0f32; 8])?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             if c.rank() == 2 {
                 // Never issues #1, and stays (so peers time out rather than
                 // see it leave).

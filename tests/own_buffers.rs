@@ -212,8 +212,8 @@ fn a_sixteen_bit_view_of_odd_length_keeps_the_neighbouring_half_word() {
             let x = c.wrap_buffer(&buf, 8, DType::F16, len)?;
             let out = user_buffer(dev, queue, 64, bytemuck::cast_slice(&halves));
             let o = c.wrap_buffer(&out, 8, DType::F16, len)?;
-            c.all_reduce_into(&x, &o, ReduceOp::Sum)?.wait()?;
-            c.all_reduce_in_place(&x, ReduceOp::Max)?.wait()?;
+            let _ = c.all_reduce_into(&x, &o, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce_in_place(&x, ReduceOp::Max)?.wait()?;
             let a: Vec<f16> = bytemuck::pod_collect_to_vec(&read_back(dev, queue, &out));
             let b: Vec<f16> = bytemuck::pod_collect_to_vec(&read_back(dev, queue, &buf));
             Ok::<_, Error>((a, b))
@@ -304,15 +304,15 @@ fn every_into_call_lands_in_the_callers_output() {
             let w = c.all_reduce_into(&x, &o1, ReduceOp::Sum)?.wait()?;
             assert!(w.buffer() == o1.buffer() && w.offset() == o1.offset());
             let (_b2, o2) = out(18)?;
-            c.all_gather_into(&x, &o2)?.wait()?;
+            let _ = c.all_gather_into(&x, &o2)?.wait()?;
             let (_b3, o3) = out(2)?;
-            c.reduce_scatter_into(&x, &o3, ReduceOp::Max)?.wait()?;
+            let _ = c.reduce_scatter_into(&x, &o3, ReduceOp::Max)?.wait()?;
             let (_b4, o4) = out(6)?;
-            c.broadcast_into(&x, &o4, 2)?.wait()?;
+            let _ = c.broadcast_into(&x, &o4, 2)?.wait()?;
             let (_b5, o5) = out(6)?;
-            c.reduce_into(&x, &o5, ReduceOp::Sum, 1)?.wait()?;
+            let _ = c.reduce_into(&x, &o5, ReduceOp::Sum, 1)?.wait()?;
             let (_b6, o6) = out(6)?;
-            c.all_to_all_into(&x, &o6, None, None)?.wait()?;
+            let _ = c.all_to_all_into(&x, &o6, None, None)?.wait()?;
             Ok::<_, Error>([&o1, &o2, &o3, &o4, &o5, &o6].map(read))
         })
         .expect("the run");
@@ -405,7 +405,7 @@ fn collectives_follow_stream_order_on_the_ranks_queue() {
             enc.copy_buffer_to_buffer(&src, 0, &grad, 0, 4 * len as u64);
             queue.submit([enc.finish()]);
             let x = c.wrap_buffer(&grad, 0, DType::F32, len)?;
-            c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait()?;
             // Work submitted after the wait sees the result.
             let mut enc = dev.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(&grad, 0, &src, 0, 4 * len as u64);

@@ -77,8 +77,8 @@ fn program(c: &Communicator) -> Result<Checked, Error> {
                 let x = tensor(c, dtype, &mine)?;
                 let out = c.zeros(dtype, len)?;
                 let sent = c.send(&x, next)?;
-                c.recv(&out, prev)?.wait()?;
-                sent.wait()?;
+                let _ = c.recv(&out, prev)?.wait()?;
+                let _ = sent.wait()?;
                 got.push((
                     format!("send/recv {dtype} {len}"),
                     bytes(&out)?,
@@ -87,13 +87,14 @@ fn program(c: &Communicator) -> Result<Checked, Error> {
                 // Both ways round the ring in one group.
                 let (from_prev, from_next) = (c.zeros(dtype, len)?, c.zeros(dtype, len)?);
                 let back = tensor(c, dtype, &payload(dtype, r, len, 5))?;
-                c.group(|g| {
-                    g.recv(&from_prev, prev)?;
-                    g.send(&x, next)?;
-                    g.recv(&from_next, next)?;
-                    g.send(&back, prev)
-                })?
-                .wait()?;
+                let _ = c
+                    .group(|g| {
+                        g.recv(&from_prev, prev)?;
+                        g.send(&x, next)?;
+                        g.recv(&from_next, next)?;
+                        g.send(&back, prev)
+                    })?
+                    .wait()?;
                 got.push((
                     format!("grouped from prev {dtype} {len}"),
                     bytes(&from_prev)?,
@@ -114,7 +115,7 @@ fn program(c: &Communicator) -> Result<Checked, Error> {
             } else {
                 tensor(c, dtype, &sentinel)?
             };
-            c.gather_into(&x, &out, root)?.wait()?;
+            let _ = c.gather_into(&x, &out, root)?.wait()?;
             let want = if r == root {
                 (0..n).flat_map(|j| payload(dtype, j, len, 1)).collect()
             } else {
@@ -130,7 +131,7 @@ fn program(c: &Communicator) -> Result<Checked, Error> {
                 c.zeros(dtype, 0)?
             };
             let out = c.zeros(dtype, len)?;
-            c.scatter_into(&x, &out, root)?.wait()?;
+            let _ = c.scatter_into(&x, &out, root)?.wait()?;
             got.push((
                 format!("scatter {dtype} {len}"),
                 bytes(&out)?,
@@ -232,7 +233,7 @@ fn a_pipeline_passes_micro_batches_rank_to_rank() {
                         sends.push(c.send(&c.tensor(&act)?, 1)?);
                     }
                     for s in sends {
-                        s.wait()?;
+                        let _ = s.wait()?;
                     }
                     return Ok(finished);
                 }
@@ -255,7 +256,7 @@ fn a_pipeline_passes_micro_batches_rank_to_rank() {
                     }
                 }
                 for s in sends {
-                    s.wait()?;
+                    let _ = s.wait()?;
                 }
                 Ok(finished)
             })
@@ -288,11 +289,11 @@ fn sends_and_collectives_interleave_in_any_order_across_ranks() {
                 let sum = if c.rank() == 0 {
                     let sent = c.send(&c.tensor(&[7, 8, 9, 10])?, 1)?;
                     let s = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
-                    sent.wait()?;
+                    let _ = sent.wait()?;
                     s
                 } else {
                     let s = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
-                    c.recv(&out, 0)?.wait()?;
+                    let _ = c.recv(&out, 0)?.wait()?;
                     s
                 };
                 Ok((sum.to_vec()?, out.to_vec()?))
@@ -311,12 +312,12 @@ fn a_receive_of_another_length_or_dtype_is_a_mismatch_naming_both() {
             let w = world(2, placement);
             let got = w.run(|c| -> Result<(), Error> {
                 if c.rank() == 0 {
-                    c.send(&c.tensor(&[1.0f32; 4])?, 1)?.wait()?;
+                    let _ = c.send(&c.tensor(&[1.0f32; 4])?, 1)?.wait()?;
                 } else {
-                    c.recv(&c.zeros(dtype, len)?, 0)?.wait()?;
+                    let _ = c.recv(&c.zeros(dtype, len)?, 0)?.wait()?;
                 }
                 // The sender hears of it at its next call.
-                c.barrier()?.wait()?;
+                let _ = c.barrier()?.wait()?;
                 Ok(())
             });
             let errors = match got {
@@ -381,7 +382,7 @@ fn an_unmatched_receive_times_out_with_a_flight_record_naming_the_peer() {
         let got = w
             .run(|c| -> Result<(), Error> {
                 if c.rank() == 1 {
-                    c.recv(&c.zeros(DType::F32, 4)?, 0)?.wait()?;
+                    let _ = c.recv(&c.zeros(DType::F32, 4)?, 0)?.wait()?;
                 } else {
                     std::thread::sleep(Duration::from_secs(2));
                 }
@@ -413,7 +414,7 @@ fn a_dead_peer_fails_the_receiver() {
                         what: "this rank gives up".into(),
                     });
                 }
-                c.recv(&c.zeros(DType::F32, 4)?, 0)?.wait()?;
+                let _ = c.recv(&c.zeros(DType::F32, 4)?, 0)?.wait()?;
                 Ok(())
             })
             .expect("run");

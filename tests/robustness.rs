@@ -216,7 +216,7 @@ fn an_infinite_timeout_waits_instead_of_panicking() {
                 .all_reduce(&x, ReduceOp::Sum)?
                 .wait_timeout(Duration::MAX)?;
             let z = c.broadcast(&y, 1)?.wait()?;
-            c.barrier()?.wait_timeout(Duration::MAX)?;
+            let _ = c.barrier()?.wait_timeout(Duration::MAX)?;
             z.to_vec::<i32>()
         })
         .expect("run");

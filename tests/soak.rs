@@ -148,7 +148,7 @@ fn one<T: Num>(c: &Communicator, s: Step, drop_one: bool) -> Result<(), String> 
             check(&what, ReduceOp::Sum, &got, &want);
         }
         Kind::Barrier => {
-            c.barrier().and_then(|w| w.wait()).map_err(err)?;
+            let _ = c.barrier().and_then(|w| w.wait()).map_err(err)?;
         }
         Kind::AllReduceCoalesced => {
             let y = c.tensor(&mine(r)[..m]).map_err(err)?;

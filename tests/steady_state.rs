@@ -10,7 +10,7 @@ use wgpu_collectives::{Communicator, Error, ReduceOp};
 fn repeat(c: &Communicator, times: usize, bytes: usize) -> Result<(), Error> {
     let x = c.tensor(&inputs::<f32>(ReduceOp::Sum, c.rank(), bytes / 4))?;
     for _ in 0..times {
-        c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait()?;
+        let _ = c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait()?;
         let y = c.all_reduce(&x, ReduceOp::Max)?.wait()?;
         drop(y);
     }
@@ -58,7 +58,7 @@ fn a_queue_of_dropped_out_of_place_results_creates_no_wgpu_resources() {
     let counts = w
         .run(|c| -> Result<(u64, u64, Vec<f32>), Error> {
             let x = c.tensor(&inputs::<f32>(ReduceOp::Sum, c.rank(), len))?;
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
             let before = c.resources_created();
             for _ in 0..30 {
                 drop(c.all_reduce(&x, ReduceOp::Sum)?);

@@ -347,7 +347,7 @@ impl Communicator {
     ///     });
     ///     c.queue().write_buffer(&buffer, 8, bytemuck::cast_slice(&[c.rank() as f32 + 1.0; 4]));
     ///     let view = c.wrap_buffer(&buffer, 8, DType::F32, 4)?;
-    ///     c.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
+    ///     let _ = c.all_reduce_in_place(&view, ReduceOp::Sum)?.wait()?;
     ///     view.to_vec::<f32>()
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![3.0; 4]);
@@ -407,7 +407,7 @@ impl Communicator {
     /// let world = World::new(WorldConfig::new(2))?;
     /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
     ///     let x = c.tensor(&[c.rank() as f32 + 1.0; 4])?; // rank 0: 1s, rank 1: 2s
-    ///     c.all_reduce_in_place(&x, ReduceOp::Max)?.wait()?;
+    ///     let _ = c.all_reduce_in_place(&x, ReduceOp::Max)?.wait()?;
     ///     x.to_vec::<f32>()
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![2.0; 4]);
@@ -437,7 +437,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
     ///     let x = c.tensor(&[c.rank() as f32 + 1.0; 4])?; // rank 0: 1s, rank 1: 2s
     ///     let out = c.zeros(DType::F32, 4)?;
-    ///     c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    ///     let _ = c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
     ///     out.to_vec::<f32>()
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![3.0; 4]);
@@ -477,7 +477,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = c.tensor(&[c.rank() as i32; 2])?;
     ///     let out = c.zeros(DType::I32, 4)?;
-    ///     c.all_gather_into(&x, &out)?.wait()?;
+    ///     let _ = c.all_gather_into(&x, &out)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[1].clone()?, vec![0, 0, 1, 1]);
@@ -511,7 +511,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = c.tensor(&[1, 2, 3, 4])?;
     ///     let out = c.zeros(DType::I32, 2)?;
-    ///     c.reduce_scatter_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    ///     let _ = c.reduce_scatter_into(&x, &out, ReduceOp::Sum)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[1].clone()?, vec![6, 8]);
@@ -552,7 +552,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = c.tensor(&[10 * c.rank() as i32 + 1])?;
     ///     let out = c.zeros(DType::I32, 1)?;
-    ///     c.broadcast_into(&x, &out, 1)?.wait()?;
+    ///     let _ = c.broadcast_into(&x, &out, 1)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![11]);
@@ -560,6 +560,26 @@ impl Communicator {
     /// ```
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
         self.issue(self.broadcast_into_call(x, out, root)?)
+    }
+
+    /// Like [`broadcast`](Self::broadcast), in place, as torch's
+    /// `dist.broadcast(t, src)` and NCCL's `ncclBroadcast` with one buffer:
+    /// the root's `x` is sent, every other rank's `x` receives it.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
+    ///     let w = c.tensor(&[10.0 * c.rank() as f32; 4])?; // the root's: 10s
+    ///     let _ = c.broadcast_in_place(&w, 1)?.wait()?;
+    ///     w.to_vec::<f32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![10.0; 4]);
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_in_place(&self, x: &Tensor, root: usize) -> Result<Work> {
+        self.broadcast_into(x, x, root)
     }
 
     /// The call [`broadcast_into`](Self::broadcast_into) issues, checked.
@@ -593,7 +613,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = c.tensor(&[c.rank() as i32 + 1])?;
     ///     let out = c.zeros(DType::I32, 1)?;
-    ///     c.reduce_into(&x, &out, ReduceOp::Sum, 0)?.wait()?;
+    ///     let _ = c.reduce_into(&x, &out, ReduceOp::Sum, 0)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![3]); // at the root
@@ -601,6 +621,27 @@ impl Communicator {
     /// ```
     pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
         self.issue(self.reduce_into_call(x, out, op, root)?)
+    }
+
+    /// Like [`reduce`](Self::reduce), in place, as torch's
+    /// `dist.reduce(t, dst)`: the root's `x` holds the reduction
+    /// afterwards; every other rank's `x` is left as it was.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32 + 1; 2])?;
+    ///     let _ = c.reduce_in_place(&x, ReduceOp::Sum, 0)?.wait()?;
+    ///     x.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3, 3]); // the root
+    /// assert_eq!(got[1].clone()?, vec![2, 2]); // unchanged
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_in_place(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
+        self.reduce_into(x, x, op, root)
     }
 
     /// The call [`reduce_into`](Self::reduce_into) issues, checked.
@@ -637,7 +678,7 @@ impl Communicator {
     ///     let r = 10 * c.rank() as i32;
     ///     let x = c.tensor(&[r, r + 1])?; // piece j goes to rank j
     ///     let out = c.zeros(DType::I32, 2)?;
-    ///     c.all_to_all_into(&x, &out, None, None)?.wait()?;
+    ///     let _ = c.all_to_all_into(&x, &out, None, None)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[1].clone()?, vec![1, 11]);
@@ -685,7 +726,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = c.tensor(&[c.rank() as i32 + 1; 2])?;
     ///     let out = c.zeros(DType::I32, if c.rank() == 1 { 4 } else { 0 })?;
-    ///     c.gather_into(&x, &out, 1)?.wait()?;
+    ///     let _ = c.gather_into(&x, &out, 1)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[1].clone()?, vec![1, 1, 2, 2]);
@@ -727,7 +768,7 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
     ///     let x = if c.rank() == 0 { c.tensor(&[1, 2, 3, 4])? } else { c.zeros(DType::I32, 0)? };
     ///     let out = c.zeros(DType::I32, 2)?;
-    ///     c.scatter_into(&x, &out, 0)?.wait()?;
+    ///     let _ = c.scatter_into(&x, &out, 0)?.wait()?;
     ///     out.to_vec::<i32>()
     /// })?;
     /// assert_eq!(got[1].clone()?, vec![3, 4]);
@@ -794,9 +835,9 @@ impl Communicator {
     /// let got = world.run(|c| -> Result<Vec<f32>, Error> {
     ///     let out = c.zeros(DType::F32, 3)?;
     ///     if c.rank() == 0 {
-    ///         c.send(&c.tensor(&[1.0f32, 2.0, 3.0])?, 1)?.wait()?;
+    ///         let _ = c.send(&c.tensor(&[1.0f32, 2.0, 3.0])?, 1)?.wait()?;
     ///     } else {
-    ///         c.recv(&out, 0)?.wait()?;
+    ///         let _ = c.recv(&out, 0)?.wait()?;
     ///     }
     ///     out.to_vec::<f32>()
     /// })?;
@@ -868,7 +909,7 @@ impl Communicator {
     ///         g.recv(&from_prev, (r + n - 1) % n)?;
     ///         g.all_reduce_into(&x, &sum, ReduceOp::Sum)
     ///     })?
-    ///     .wait()?;
+    ///     .wait_all()?;
     ///     Ok([from_prev.to_vec::<i32>()?, sum.to_vec::<i32>()?].concat())
     /// })?;
     /// assert_eq!(got[0].clone()?, vec![2, 2, 3, 3]);
@@ -1145,7 +1186,7 @@ impl Communicator {
     /// # fn main() -> Result<(), Error> {
     /// let world = World::new(WorldConfig::new(2))?;
     /// let got = world.run(|c| -> Result<usize, Error> {
-    ///     c.barrier()?.wait()?; // every rank has arrived
+    ///     let _ = c.barrier()?.wait()?; // every rank has arrived
     ///     Ok(c.rank())
     /// })?;
     /// assert_eq!(got.into_iter().collect::<Result<Vec<_>, _>>()?, vec![0, 1]);

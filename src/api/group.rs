@@ -69,6 +69,21 @@ impl<'a> Group<'a> {
         self.add(self.comm.all_reduce_into_call(x, out, op))
     }
 
+    /// [`Communicator::all_reduce_in_place`], launched with the group.
+    pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<()> {
+        self.add(self.comm.all_reduce_into_call(x, x, op))
+    }
+
+    /// [`Communicator::broadcast_in_place`], launched with the group.
+    pub fn broadcast_in_place(&self, x: &Tensor, root: usize) -> Result<()> {
+        self.add(self.comm.broadcast_into_call(x, x, root))
+    }
+
+    /// [`Communicator::reduce_in_place`], launched with the group.
+    pub fn reduce_in_place(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<()> {
+        self.add(self.comm.reduce_into_call(x, x, op, root))
+    }
+
     /// [`Communicator::all_gather_into`], launched with the group.
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<()> {
         self.add(self.comm.all_gather_into_call(x, out))

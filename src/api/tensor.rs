@@ -22,7 +22,37 @@ use crate::error::{Error, Result};
 /// Cloning is cheap and shares the buffer. All of a tensor's operations go
 /// through the device of the rank that made it; passing it to another rank's
 /// communicator is an error.
+///
+/// `#[must_use]`: an out-of-place collective (`all_reduce`, `broadcast`,
+/// ...) leaves its input as it was and returns the result as a new tensor,
+/// so dropping it is almost always the bug of a torch user, whose
+/// `all_reduce` works in place. The compiler says so:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # use wgpu_collectives::*;
+/// # fn sync(c: &Communicator, grad: &Tensor) -> Result<(), Error> {
+/// c.all_reduce(grad, ReduceOp::Avg)?.wait()?; // `grad` is unchanged: refused
+/// # Ok(()) }
+/// # fn main() {}
+/// ```
+///
+/// while the in-place form, or a result kept, compiles:
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// # use wgpu_collectives::*;
+/// # fn sync(c: &Communicator, grad: &Tensor) -> Result<(), Error> {
+/// let _ = c.all_reduce_in_place(grad, ReduceOp::Avg)?.wait()?;
+/// let mean = c.all_reduce(grad, ReduceOp::Avg)?.wait()?;
+/// # drop(mean);
+/// # Ok(()) }
+/// # fn main() {}
+/// ```
 #[derive(Clone)]
+#[must_use = "a collective's result: an out-of-place call (`all_reduce`, `broadcast`, ...) \
+              leaves its input as it was, so dropping this loses the result; use the \
+              `_in_place` form to change the input, and `let _ = ...` to drop on purpose"]
 pub struct Tensor {
     inner: Arc<TensorInner>,
 }
@@ -356,7 +386,7 @@ impl Tensor {
     /// let c = world.communicator(0).expect("rank 0");
     /// let x = c.tensor(&[1.0f32; 4])?;
     /// let out = x.new_empty(DType::F32, 4)?; // same rank, same device
-    /// c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
+    /// let _ = c.all_reduce_into(&x, &out, ReduceOp::Sum)?.wait()?;
     /// assert_eq!(out.to_vec::<f32>()?, vec![1.0; 4]);
     /// # Ok(()) }
     /// ```

@@ -261,7 +261,7 @@ fn rank_steps(
                 .map(String::as_str)
                 .zip(weights.iter().cloned()),
         );
-        c.barrier()?.wait()?;
+        let _ = c.barrier()?.wait()?;
         let t = Instant::now();
         let out = execute(g, c, &inputs, true)?;
         let loss = out.outputs[m.layers]

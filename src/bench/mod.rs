@@ -176,16 +176,16 @@ fn measure(
     let x = data::tensor(c, dtype, op, s.input)?;
     let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
     for _ in 0..a.warmup {
-        issue(c, a, &x, &out, op, in_place)?.wait()?;
+        let _ = issue(c, a, &x, &out, op, in_place)?.wait()?;
     }
-    c.barrier()?.wait()?;
+    let _ = c.barrier()?.wait()?;
     let start = Instant::now();
     let mut last = None;
     for _ in 0..a.iters {
         last = Some(issue(c, a, &x, &out, op, in_place)?);
     }
     if let Some(w) = last {
-        w.wait()?;
+        let _ = w.wait()?;
     }
     let secs = start.elapsed().as_secs_f64() / a.iters.max(1) as f64;
     let mut wrong = None;
@@ -277,13 +277,13 @@ pub fn time_split(
             let x = data::tensor(c, dtype, op, s.input)?;
             let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
             for _ in 0..a.warmup.max(1) {
-                issue(c, a, &x, &out, op, false)?.wait()?;
+                let _ = issue(c, a, &x, &out, op, false)?.wait()?;
             }
-            c.barrier()?.wait()?;
+            let _ = c.barrier()?.wait()?;
             let _ = c.take_profile();
             c.set_profiling(true);
             for _ in 0..a.iters.max(1) {
-                issue(c, a, &x, &out, op, false)?.wait()?;
+                let _ = issue(c, a, &x, &out, op, false)?.wait()?;
             }
             c.set_profiling(false);
             Ok(c.take_profile())

@@ -486,10 +486,19 @@ impl Progress {
             }
             Collective::Reduce { root, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
-                if !x.same_view(out) {
-                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
+                // Partial results pass through every rank's working buffer;
+                // off the root, an in-place call's tensor must keep its bytes.
+                let spare;
+                let work = if x.same_view(out) && r != *root {
+                    spare = scratch(&dev, x.words())?;
+                    &spare
+                } else {
+                    out
+                };
+                if !x.same_view(work) {
+                    p.copy(x.buffer(), 0, work.buffer(), 0, x.used_bytes())?;
                 }
-                p.buf = out.buffer().clone();
+                p.buf = work.buffer().clone();
                 chain::reduce(&mut p, *root, x.words())?;
             }
             Collective::AllToAll { send, recv, .. } => {

@@ -196,7 +196,7 @@ impl Staged {
     /// Waits for `work` (the engine's deadline bounds it) and hands the
     /// result back to burn; the input's handle is released only now.
     pub(crate) fn finish<const D: usize>(self, work: Work) -> Result<Tensor<D>> {
-        work.wait()?;
+        let _ = work.wait()?;
         drop(self.input);
         Ok(self.output.into_tensor())
     }
