@@ -37,7 +37,7 @@ pub enum Error {
     /// Ranks disagree about which collective they are running.
     #[error(
         "collective mismatch on rank {rank}, seq {seq}: this rank issued {ours}, \
-         but rank {peer} issued {theirs}"
+         but rank {peer} issued {theirs}{flight}"
     )]
     Mismatch {
         /// This rank.
@@ -50,8 +50,8 @@ pub enum Error {
         peer: usize,
         /// The peer's fingerprint.
         theirs: String,
-        /// The flight record when it was found (what every rank last did;
-        /// not part of the message, which names both sides already).
+        /// The flight record when it was found (what every rank last did),
+        /// which ends the message.
         flight: String,
     },
 
@@ -74,7 +74,7 @@ pub enum Error {
     /// `peer` is the rank that failed first and `reason` its own error,
     /// once: never a chain of ranks reporting each other.
     #[error(
-        "rank {rank}, seq {seq}{}: peer rank {peer} failed first: {reason}",
+        "rank {rank}, seq {seq}{}: peer rank {peer} failed first: {reason}{flight}",
         doing_at(doing)
     )]
     PeerFailed {
@@ -88,8 +88,8 @@ pub enum Error {
         peer: usize,
         /// Why it failed: its own error.
         reason: String,
-        /// The flight record when it was reported (not part of the
-        /// message; `Display` it to see where every rank was).
+        /// The flight record when it was reported (where every rank
+        /// was), which ends the message.
         flight: String,
     },
 
@@ -151,6 +151,19 @@ fn at(rank: Option<usize>, seq: Option<u64>) -> String {
 }
 
 impl Error {
+    /// The message without the flight record: for an error quoted inside
+    /// another, which carries its own.
+    pub(crate) fn brief(&self) -> String {
+        let mut e = self.clone();
+        match &mut e {
+            Error::Mismatch { flight, .. }
+            | Error::Timeout { flight, .. }
+            | Error::PeerFailed { flight, .. } => flight.clear(),
+            _ => {}
+        }
+        e.to_string()
+    }
+
     pub(crate) fn invalid(rank: usize, what: impl Into<String>) -> Self {
         Error::InvalidArgument {
             rank: Some(rank),

@@ -50,7 +50,8 @@
 //! launched together), [`Tensor`] and [`Work`] (the handle a
 //! collective returns), [`Error`]; the [`graph`] module (traced graphs,
 //! passes, an executor); [`FlightRecord`] (what every rank last did);
-//! [`init_logging`] (the engine's logs). With the cargo feature `mpi`,
+//! `init_logging` (the engine's logs on stderr; feature `log`, on by
+//! default with `cli`, the benchmark binary's). With the cargo feature `mpi`,
 //! `World::from_mpi` spreads a world over the processes of an MPI job
 //! (`mpirun -n P`), each holding some of its ranks. The README's "Layout"
 //! shows how the engine inside is layered; only `transport/mpi/raw.rs`
@@ -75,6 +76,7 @@ mod dtype;
 mod error;
 pub mod graph;
 mod hash;
+#[cfg(feature = "log")]
 mod logging;
 mod op;
 mod runtime;
@@ -96,6 +98,7 @@ pub use api::work::Work;
 pub use api::world::{MAX_RANKS, World, WorldConfig};
 pub use device::kernels::{reduction_wgsl, reduction_workgroups};
 pub use error::{Error, Result};
+#[cfg(feature = "log")]
 pub use logging::init_logging;
 pub use op::ReduceOp;
 pub use runtime::cost::{Algorithm, CostModel};

@@ -150,3 +150,58 @@ fn a_panicking_rank_fails_its_peers_and_the_world_runs_again() {
         assert_eq!(r.expect("rank"), vec![6.0; 10]);
     }
 }
+
+/// A mismatch on one rank of four: every rank's error says what it
+/// issued itself, what the other side issued, and names a rank whose call
+/// differs from its own, under both placements.
+#[test]
+fn a_mismatch_names_each_ranks_own_call_and_the_rank_that_differs() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = World::new(
+            WorldConfig::new(4)
+                .with_placement(placement)
+                .with_timeout(Duration::from_secs(30)),
+        )
+        .expect("a world");
+        let r = w
+            .run(|c| -> Result<(), Error> {
+                let len = if c.rank() == 1 { 999 } else { 1000 };
+                let x = c.tensor(&vec![1.0f32; len])?;
+                c.all_reduce(&x, ReduceOp::Sum)?.wait().map(drop)
+            })
+            .expect("the run");
+        let call = |len: usize| format!("#0 all_reduce(float, len {len}, sum)");
+        for (rank, res) in r.into_iter().enumerate() {
+            let e = res.expect_err("a mismatch");
+            let text = e.to_string();
+            let Error::Mismatch {
+                rank: me,
+                ours,
+                peer,
+                theirs,
+                ..
+            } = &e
+            else {
+                panic!("{placement:?} rank {rank}: {text}");
+            };
+            assert_eq!(*me, rank, "{placement:?}: {text}");
+            let (mine, other) = if rank == 1 { (999, 1000) } else { (1000, 999) };
+            assert_eq!(*ours, call(mine), "{placement:?} rank {rank}: {text}");
+            assert_eq!(*theirs, call(other), "{placement:?} rank {rank}: {text}");
+            if rank == 1 {
+                assert_ne!(*peer, 1, "{placement:?}: {text}");
+            } else {
+                assert_eq!(*peer, 1, "{placement:?} rank {rank}: {text}");
+            }
+            assert!(
+                text.starts_with(&format!(
+                    "collective mismatch on rank {rank}, seq 0: this rank issued {}, but rank {peer} issued {}",
+                    call(mine),
+                    call(other)
+                )),
+                "{placement:?} rank {rank}: {text}"
+            );
+            assert!(text.contains("flight record"), "{text}");
+        }
+    }
+}

@@ -112,5 +112,9 @@ fn a_timeout_writes_the_record_where_asked() {
     // Ranks 0 and 1 were in #1; rank 2 never issued it.
     assert_eq!(states(0).last().map(|e| e.0), Some(1), "{json}");
     assert_eq!(states(2), vec![(0, "completed".to_string())], "{json}");
+    // The dump says what failed, as the error did.
+    let error = v["failure"]["error"].as_str().expect("the failure's error");
+    assert!(error.starts_with("timeout on rank"), "{json}");
+    assert!(error.contains("2 to join"), "{json}");
     let _ = std::fs::remove_dir_all(&dir);
 }

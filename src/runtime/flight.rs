@@ -95,47 +95,63 @@ pub struct FlightRecord {
     pub ranks: Vec<Vec<FlightEntry>>,
     /// Each group rank's rank in the world.
     pub world_ranks: Vec<usize>,
+    /// The group's first failure, if it has one: the rank it started on
+    /// (in the group) and its error.
+    pub failure: Option<(usize, String)>,
 }
 
 impl FlightRecord {
-    /// The record as JSON: `{"ranks": [{"rank": r, "world_rank": w,
-    /// "collectives": [{"seq", "collective", "fingerprint", "bytes",
-    /// "peer", "state", "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
-    /// microseconds since the Unix epoch.
+    /// The record as JSON: `{"failure": null | {"rank": r, "error": "..."},
+    /// "ranks": [{"rank": r, "world_rank": w, "collectives": [{"seq",
+    /// "collective", "fingerprint", "bytes", "peer", "state",
+    /// "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
+    /// microseconds since the Unix epoch. (Written here, not through a
+    /// JSON crate, so that the library has no JSON dependency: the shape
+    /// is fixed and every string goes through one escaper.)
     pub fn to_json(&self) -> String {
         let micros = |t: SystemTime| {
             t.duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros())
         };
-        let ranks: Vec<serde_json::Value> = self
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(r, entries)| {
-                let collectives: Vec<serde_json::Value> = entries
-                    .iter()
-                    .map(|e| {
-                        serde_json::json!({
-                            "seq": e.seq,
-                            "collective": e.collective,
-                            "fingerprint": e.fingerprint,
-                            "bytes": e.bytes,
-                            "peer": e.peer,
-                            "state": e.state.name(),
-                            "issued_at_us": micros(e.issued_at),
-                            "changed_at_us": micros(e.changed_at),
-                            "age_us": e.age.as_micros(),
-                        })
-                    })
-                    .collect();
-                serde_json::json!({
-                    "rank": r,
-                    "world_rank": self.world_ranks.get(r).copied().unwrap_or(r),
-                    "collectives": collectives,
-                })
-            })
-            .collect();
-        serde_json::json!({ "ranks": ranks }).to_string()
+        let opt = |v: Option<usize>| v.map_or_else(|| "null".to_string(), |v| v.to_string());
+        let mut s = String::from("{\"failure\":");
+        match &self.failure {
+            None => s.push_str("null"),
+            Some((rank, error)) => {
+                let _ = write!(s, "{{\"rank\":{rank},\"error\":{}}}", json_string(error));
+            }
+        }
+        s.push_str(",\"ranks\":[");
+        for (r, entries) in self.ranks.iter().enumerate() {
+            if r > 0 {
+                s.push(',');
+            }
+            let world = self.world_ranks.get(r).copied().unwrap_or(r);
+            let _ = write!(s, "{{\"rank\":{r},\"world_rank\":{world},\"collectives\":[");
+            for (i, e) in entries.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                let _ = write!(
+                    s,
+                    "{{\"seq\":{},\"collective\":{},\"fingerprint\":{},\"bytes\":{},\
+                     \"peer\":{},\"state\":{},\"issued_at_us\":{},\"changed_at_us\":{},\
+                     \"age_us\":{}}}",
+                    e.seq,
+                    json_string(e.collective),
+                    json_string(&e.fingerprint),
+                    opt(e.bytes),
+                    opt(e.peer),
+                    json_string(e.state.name()),
+                    micros(e.issued_at),
+                    micros(e.changed_at),
+                    e.age.as_micros(),
+                );
+            }
+            s.push_str("]}");
+        }
+        s.push_str("]}");
+        s
     }
 
     /// The record as an error shows it: the newest `per_rank` of each rank.
@@ -171,6 +187,28 @@ impl std::fmt::Display for FlightRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.text(usize::MAX).trim_start())
     }
+}
+
+/// `text` as a JSON string (RFC 8259: quotes, backslashes and control
+/// characters escaped).
+fn json_string(text: &str) -> String {
+    let mut s = String::with_capacity(text.len().saturating_add(2));
+    s.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(s, "\\u{:04x}", u32::from(c));
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
 }
 
 /// Per-rank rings of recent collectives.
@@ -223,6 +261,16 @@ impl Flight {
     /// What `rank` was running as the call `fp` stands for (its
     /// fingerprint), or an empty string when it is no longer (or not yet)
     /// recorded.
+    /// The collective (not a send or receive) `rank` issued as number
+    /// `seq`, as it named it, if the record still holds it.
+    pub(crate) fn issued(&self, rank: usize, seq: u64) -> Option<String> {
+        let ring = lock(self.ranks.get(rank)?);
+        ring.iter()
+            .rev()
+            .find(|e| e.fp.seq == seq && !e.fp.kind.point_to_point())
+            .map(|e| e.fp.to_string())
+    }
+
     pub(crate) fn doing(&self, rank: usize, fp: &Fingerprint) -> String {
         self.ranks
             .get(rank)
@@ -266,7 +314,11 @@ impl Flight {
                     .collect()
             })
             .collect();
-        FlightRecord { ranks, world_ranks }
+        FlightRecord {
+            ranks,
+            world_ranks,
+            failure: None,
+        }
     }
 
     /// The newest collectives of every rank, one line each, for an error.

@@ -115,7 +115,11 @@ impl Health {
 
     /// The flight record of every rank of the group, as data.
     pub(crate) fn flight_record(&self) -> FlightRecord {
-        self.flight.snapshot(self.world_ranks())
+        let mut record = self.flight.snapshot(self.world_ranks());
+        record.failure = lock(&self.failure)
+            .as_ref()
+            .map(|f| (f.origin, f.error.to_string()));
+        record
     }
 
     /// Writes the flight record where `WGPU_COLLECTIVES_FLIGHT_DUMP` (or
@@ -308,8 +312,37 @@ impl Health {
             }
         };
         Err(match f.error {
-            // A mismatch is reported the same way on every rank: it names both sides.
-            e @ Error::Mismatch { .. } => e,
+            // Every rank hears of a mismatch as itself: what it issued,
+            // and a rank whose call differs from it.
+            Error::Mismatch {
+                rank: a,
+                seq,
+                ours,
+                peer: b,
+                theirs,
+                flight,
+            } => {
+                let mine = self.flight.issued(rank, seq).or_else(|| {
+                    (fp.seq == seq && !fp.kind.point_to_point()).then(|| fp.to_string())
+                });
+                let (peer, theirs, ours) = match mine {
+                    _ if rank == a => (b, theirs, ours),
+                    _ if rank == b => (a, ours, theirs),
+                    // Like the rank that found it: the other side differs.
+                    Some(m) if m == ours => (b, theirs, m),
+                    // Like the other side: the finder differs.
+                    Some(m) => (a, ours, m),
+                    None => (a, ours, "nothing yet".to_string()),
+                };
+                Error::Mismatch {
+                    rank,
+                    seq,
+                    ours,
+                    peer,
+                    theirs,
+                    flight,
+                }
+            }
             Error::Aborted { .. } => Error::Aborted { rank, seq },
             e if f.origin == rank => e,
             // The whole group waited too long: every rank reports the timeout,
@@ -341,7 +374,7 @@ impl Health {
                 seq,
                 doing: self.doing(rank, fp),
                 peer: f.origin,
-                reason: e.to_string(),
+                reason: e.brief(),
                 flight: self.flight.report(),
             },
         })
