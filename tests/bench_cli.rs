@@ -313,6 +313,16 @@ fn help_lists_the_ddp_subcommand() {
         help.contains("Subcommands:") && help.contains("ddp "),
         "{help}"
     );
+    for var in [
+        "WGPU_BACKEND",
+        "WGPU_ADAPTER_NAME",
+        "WGPU_COLLECTIVES_PLACEMENT",
+        "WGPU_COLLECTIVES_ALGO",
+        "WGPU_COLLECTIVES_DEBUG",
+        "WGPU_COLLECTIVES_FLIGHT_DUMP",
+    ] {
+        assert!(help.contains(var), "--help does not mention {var}:\n{help}");
+    }
 }
 
 #[test]

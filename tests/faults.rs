@@ -403,3 +403,20 @@ fn an_empty_group_completes() {
         assert_healthy(&w, 5);
     }
 }
+
+#[test]
+fn the_shared_placement_on_separate_devices_is_refused() {
+    let adapter = common::user_adapter();
+    let devices: Vec<_> = (0..2)
+        .map(|_| {
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+                .expect("a device")
+        })
+        .collect();
+    match World::from_devices(devices, config(2, Placement::SharedDevice)) {
+        Err(Error::InvalidArgument { what, .. }) => {
+            assert!(what.contains("shared placement"), "{what}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}

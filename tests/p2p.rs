@@ -310,28 +310,44 @@ fn a_receive_of_another_length_or_dtype_is_a_mismatch_naming_both() {
     for placement in PLACEMENTS {
         for (len, dtype) in [(5, DType::F32), (4, DType::I32)] {
             let w = world(2, placement);
+            // The send and the receive fail themselves, each told as its
+            // own side sees it.
             let got = w.run(|c| -> Result<(), Error> {
                 if c.rank() == 0 {
-                    let _ = c.send(&c.tensor(&[1.0f32; 4])?, 1)?.wait()?;
+                    c.send(&c.tensor(&[1.0f32; 4])?, 1)?.wait().map(drop)
                 } else {
-                    let _ = c.recv(&c.zeros(dtype, len)?, 0)?.wait()?;
+                    c.recv(&c.zeros(dtype, len)?, 0)?.wait().map(drop)
                 }
-                // The sender hears of it at its next call.
-                let _ = c.barrier()?.wait()?;
-                Ok(())
             });
             let errors = match got {
                 Ok(per_rank) => per_rank,
                 Err(e) => panic!("run failed as a whole: {e}"),
             };
             for (r, e) in errors.into_iter().enumerate() {
+                let (mine, other) = if r == 0 {
+                    ("send", "recv")
+                } else {
+                    ("recv", "send")
+                };
                 match e {
-                    Err(Error::Mismatch { ours, theirs, .. }) => {
+                    Err(Error::Mismatch {
+                        rank,
+                        ours,
+                        peer,
+                        theirs,
+                        ..
+                    }) => {
                         assert!(
-                            ours.contains("recv") && theirs.contains("send"),
+                            ours.contains(mine) && theirs.contains(other),
                             "{placement:?}, rank {r}: {ours} / {theirs}"
                         );
-                        assert!(ours.contains("from rank 0") && theirs.contains("to rank 1"));
+                        assert_eq!((rank, peer), (r, 1 - r), "{placement:?}");
+                        let (send, recv) = if r == 0 {
+                            (&ours, &theirs)
+                        } else {
+                            (&theirs, &ours)
+                        };
+                        assert!(send.contains("to rank 1") && recv.contains("from rank 0"));
                     }
                     other => panic!("{placement:?}, rank {r}: expected a mismatch, got {other:?}"),
                 }

@@ -1,9 +1,12 @@
 //! Point-to-point: one rank's tensor to another, matched by the pair's own
 //! issue order.
 //!
-//! Sends never wait for the receiver (the bytes are buffered on the way,
-//! as MPI's eager protocol buffers them), so two ranks that each send
-//! before they receive do not deadlock, grouped or not. Between devices
+//! Posting a send never waits for the receiver (the bytes are buffered on
+//! the way, as MPI's eager protocol buffers them), so two ranks that each
+//! send before they receive do not deadlock, grouped or not; the send's
+//! first packet carries a receipt that the receiver tells back once it
+//! has matched the header (or refused it), which the send's `Work`
+//! waits for. Between devices
 //! the bytes cross the host in slices, so the receiver uploads one while
 //! the sender downloads the next; the slice size is fixed, not taken from
 //! either device, because both sides must cut the tensor the same way.

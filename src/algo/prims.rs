@@ -26,7 +26,7 @@ use crate::runtime::health::Waiter;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
-use crate::transport::{Body, Lane, Loan, Stager};
+use crate::transport::{Body, Lane, Loan, Receipt, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +138,8 @@ pub(crate) struct Prims<'a> {
     pub prof: Option<&'a Counters>,
     /// GPU timestamps around reductions, when profiling on an adapter that has them.
     pub stamps: Option<&'a mut Timestamps>,
+    /// A send's receipt, carried by its first packet.
+    pub receipt: Option<Receipt>,
 }
 
 impl<'a> Prims<'a> {
@@ -189,11 +191,13 @@ impl<'a> Prims<'a> {
         Ok(t)
     }
 
-    fn packet(&self, body: Body) -> Packet {
+    /// A packet of this call's; the first one carries the receipt, if any.
+    fn packet(&mut self, body: Body) -> Packet {
         Packet {
             fp: self.w.fp,
             from: self.w.rank,
             body,
+            receipt: self.receipt.take(),
         }
     }
 

@@ -467,6 +467,208 @@ impl Communicator {
         ))
     }
 
+    /// Every rank's `x`, concatenated in rank order: length n x len.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32; 2])?;
+    ///     c.all_gather(&x)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![0, 0, 1, 1]);
+    /// # Ok(()) }
+    /// ```
+    pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
+        self.check_tensor(x)?;
+        let out = self.output(x.dtype(), self.gathered_len(x)?)?;
+        self.issue(Call::one(
+            Collective::AllGather {
+                dtype: x.dtype(),
+                len: x.len(),
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// Reduces `x` over all ranks and gives rank r the r-th of n equal
+    /// slices; `x.len()` must be divisible by n.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[1, 2, 3, 4])?;
+    ///     c.reduce_scatter(&x, ReduceOp::Sum)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2, 4]);
+    /// assert_eq!(got[1].clone()?, vec![6, 8]);
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_divisible(x)?;
+        let out = self.output(x.dtype(), self.share(x))?;
+        self.issue(Call::one(
+            Collective::ReduceScatter {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// The root's `x` on every rank, in a new tensor (every rank passes a
+    /// tensor of the same dtype and length; only the root's values matter).
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[10 * c.rank() as i32 + 1])?;
+    ///     c.broadcast(&x, 1)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![11]);
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
+        self.check_tensor(x)?;
+        self.check_root(root)?;
+        let out = self.output(x.dtype(), x.len())?;
+        self.issue(Call::one(
+            Collective::Broadcast {
+                dtype: x.dtype(),
+                len: x.len(),
+                root,
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// The reduction of every rank's `x`, in the root's output. Other
+    /// ranks' outputs hold the partial reduction they passed on.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[c.rank() as i32 + 1])?;
+    ///     c.reduce(&x, ReduceOp::Sum, 0)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![3]); // at the root
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
+        self.check_reduce(x, op)?;
+        self.check_root(root)?;
+        let out = self.output(x.dtype(), x.len())?;
+        self.issue(Call::one(
+            Collective::Reduce {
+                dtype: x.dtype(),
+                len: x.len(),
+                op,
+                root,
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
+    /// receives `recv_counts[j]` from it, rank-major in the output. `None`
+    /// splits `x` evenly (its length must then be divisible by n). Counts
+    /// that disagree between ranks fail on every rank involved.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let r = 10 * c.rank() as i32;
+    ///     // Uneven: rank 0 sends one element to each rank, rank 1 both to rank 0.
+    ///     let send = if c.rank() == 0 { [1, 1] } else { [2, 0] };
+    ///     let recv = if c.rank() == 0 { [1, 2] } else { [1, 0] };
+    ///     let x = c.tensor(&[r, r + 1])?;
+    ///     c.all_to_all(&x, Some(&send), Some(&recv))?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![0, 10, 11]);
+    /// assert_eq!(got[1].clone()?, vec![1]);
+    /// # Ok(()) }
+    /// ```
+    pub fn all_to_all(
+        &self,
+        x: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<Work> {
+        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
+        let out = self.output(x.dtype(), len)?;
+        self.issue(Call::one(
+            Collective::AllToAll {
+                dtype: x.dtype(),
+                send,
+                recv,
+            },
+            x,
+            out,
+        ))
+    }
+
+    /// The send and receive counts of an all_to_all of `x`, and the output length.
+    fn check_all_to_all(
+        &self,
+        x: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<(Vec<usize>, Vec<usize>, usize)> {
+        self.check_tensor(x)?;
+        let n = self.size();
+        let even = || -> Result<Vec<usize>> {
+            self.check_divisible(x)?;
+            Ok(vec![self.share(x); n])
+        };
+        let send = match send_counts {
+            Some(c) => self.check_counts("send_counts", c)?,
+            None => even()?,
+        };
+        let sent = self.count_sum("send_counts", &send)?;
+        if sent != x.len() {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "send_counts {send:?} sum to {sent}, but the tensor has {} elements",
+                    x.len()
+                ),
+            ));
+        }
+        let recv = match recv_counts {
+            Some(c) => self.check_counts("recv_counts", c)?,
+            None => even()?,
+        };
+        let me = self.rank();
+        if send.get(me) != recv.get(me) {
+            return Err(Error::invalid(
+                me,
+                format!(
+                    "send_counts[{me}] = {:?} but recv_counts[{me}] = {:?}: what a rank sends \
+                     itself is what it receives from itself",
+                    send.get(me),
+                    recv.get(me)
+                ),
+            ));
+        }
+        let len = self.count_sum("recv_counts", &recv)?;
+        Ok((send, recv, len))
+    }
+
     /// Like [`all_gather`](Self::all_gather), into `out` (n x `x.len()`
     /// elements of `x`'s dtype, not overlapping `x`).
     ///
@@ -822,11 +1024,16 @@ impl Communicator {
     /// [`recv`](Self::recv): the k-th send from this rank to `peer` pairs
     /// with `peer`'s k-th receive from this rank (each pair counts its own
     /// calls; collectives keep theirs). A receive of another dtype or length
-    /// fails both sides with [`Error::Mismatch`]. The send does not wait for
-    /// the receive: its `Work` completes once `x` has been read, and
-    /// `wait()` gives an empty tensor. Like collectives, sends and receives
-    /// run in this rank's issue order; use [`group`](Self::group) to launch
-    /// several without ordering them.
+    /// fails both sides with [`Error::Mismatch`], the send's own `Work`
+    /// and the receive's, each told as its side sees it. Posting the send
+    /// does not wait for the receive (the bytes are buffered on the way,
+    /// so the calls issued after it go on), but its `Work` completes, as
+    /// `MPI_Issend`'s does, once `x` has been read *and* the receiver has
+    /// matched it (for a receiver in another process: once `x` has been
+    /// read); `wait()` gives an empty tensor. So wait for a send after
+    /// issuing the receives it may depend on, or put them in one
+    /// [`group`](Self::group). Like collectives, sends and receives run in
+    /// this rank's issue order.
     ///
     /// ```
     /// # use wgpu_collectives::*;
@@ -975,208 +1182,6 @@ impl Communicator {
             ));
         }
         Ok(Output::Given(out.clone()))
-    }
-
-    /// Every rank's `x`, concatenated in rank order: length n x len.
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let world = World::new(WorldConfig::new(2))?;
-    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
-    ///     let x = c.tensor(&[c.rank() as i32; 2])?;
-    ///     c.all_gather(&x)?.wait()?.to_vec::<i32>()
-    /// })?;
-    /// assert_eq!(got[0].clone()?, vec![0, 0, 1, 1]);
-    /// # Ok(()) }
-    /// ```
-    pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
-        self.check_tensor(x)?;
-        let out = self.output(x.dtype(), self.gathered_len(x)?)?;
-        self.issue(Call::one(
-            Collective::AllGather {
-                dtype: x.dtype(),
-                len: x.len(),
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// Reduces `x` over all ranks and gives rank r the r-th of n equal
-    /// slices; `x.len()` must be divisible by n.
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let world = World::new(WorldConfig::new(2))?;
-    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
-    ///     let x = c.tensor(&[1, 2, 3, 4])?;
-    ///     c.reduce_scatter(&x, ReduceOp::Sum)?.wait()?.to_vec::<i32>()
-    /// })?;
-    /// assert_eq!(got[0].clone()?, vec![2, 4]);
-    /// assert_eq!(got[1].clone()?, vec![6, 8]);
-    /// # Ok(()) }
-    /// ```
-    pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        self.check_divisible(x)?;
-        let out = self.output(x.dtype(), self.share(x))?;
-        self.issue(Call::one(
-            Collective::ReduceScatter {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// The root's `x` on every rank, in a new tensor (every rank passes a
-    /// tensor of the same dtype and length; only the root's values matter).
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let world = World::new(WorldConfig::new(2))?;
-    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
-    ///     let x = c.tensor(&[10 * c.rank() as i32 + 1])?;
-    ///     c.broadcast(&x, 1)?.wait()?.to_vec::<i32>()
-    /// })?;
-    /// assert_eq!(got[0].clone()?, vec![11]);
-    /// # Ok(()) }
-    /// ```
-    pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
-        self.check_tensor(x)?;
-        self.check_root(root)?;
-        let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call::one(
-            Collective::Broadcast {
-                dtype: x.dtype(),
-                len: x.len(),
-                root,
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// The reduction of every rank's `x`, in the root's output. Other
-    /// ranks' outputs hold the partial reduction they passed on.
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let world = World::new(WorldConfig::new(2))?;
-    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
-    ///     let x = c.tensor(&[c.rank() as i32 + 1])?;
-    ///     c.reduce(&x, ReduceOp::Sum, 0)?.wait()?.to_vec::<i32>()
-    /// })?;
-    /// assert_eq!(got[0].clone()?, vec![3]); // at the root
-    /// # Ok(()) }
-    /// ```
-    pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        self.check_root(root)?;
-        let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call::one(
-            Collective::Reduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-                root,
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
-    /// receives `recv_counts[j]` from it, rank-major in the output. `None`
-    /// splits `x` evenly (its length must then be divisible by n). Counts
-    /// that disagree between ranks fail on every rank involved.
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let world = World::new(WorldConfig::new(2))?;
-    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
-    ///     let r = 10 * c.rank() as i32;
-    ///     // Uneven: rank 0 sends one element to each rank, rank 1 both to rank 0.
-    ///     let send = if c.rank() == 0 { [1, 1] } else { [2, 0] };
-    ///     let recv = if c.rank() == 0 { [1, 2] } else { [1, 0] };
-    ///     let x = c.tensor(&[r, r + 1])?;
-    ///     c.all_to_all(&x, Some(&send), Some(&recv))?.wait()?.to_vec::<i32>()
-    /// })?;
-    /// assert_eq!(got[0].clone()?, vec![0, 10, 11]);
-    /// assert_eq!(got[1].clone()?, vec![1]);
-    /// # Ok(()) }
-    /// ```
-    pub fn all_to_all(
-        &self,
-        x: &Tensor,
-        send_counts: Option<&[usize]>,
-        recv_counts: Option<&[usize]>,
-    ) -> Result<Work> {
-        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
-        let out = self.output(x.dtype(), len)?;
-        self.issue(Call::one(
-            Collective::AllToAll {
-                dtype: x.dtype(),
-                send,
-                recv,
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// The send and receive counts of an all_to_all of `x`, and the output length.
-    fn check_all_to_all(
-        &self,
-        x: &Tensor,
-        send_counts: Option<&[usize]>,
-        recv_counts: Option<&[usize]>,
-    ) -> Result<(Vec<usize>, Vec<usize>, usize)> {
-        self.check_tensor(x)?;
-        let n = self.size();
-        let even = || -> Result<Vec<usize>> {
-            self.check_divisible(x)?;
-            Ok(vec![self.share(x); n])
-        };
-        let send = match send_counts {
-            Some(c) => self.check_counts("send_counts", c)?,
-            None => even()?,
-        };
-        let sent = self.count_sum("send_counts", &send)?;
-        if sent != x.len() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "send_counts {send:?} sum to {sent}, but the tensor has {} elements",
-                    x.len()
-                ),
-            ));
-        }
-        let recv = match recv_counts {
-            Some(c) => self.check_counts("recv_counts", c)?,
-            None => even()?,
-        };
-        let me = self.rank();
-        if send.get(me) != recv.get(me) {
-            return Err(Error::invalid(
-                me,
-                format!(
-                    "send_counts[{me}] = {:?} but recv_counts[{me}] = {:?}: what a rank sends \
-                     itself is what it receives from itself",
-                    send.get(me),
-                    recv.get(me)
-                ),
-            ));
-        }
-        let len = self.count_sum("recv_counts", &recv)?;
-        Ok((send, recv, len))
     }
 
     /// Completes once every rank has called it.

@@ -26,6 +26,8 @@ enum Phase {
     Running(Instant),
     /// Host steps done; the device still has to run this submission.
     Issued(Ticket),
+    /// The device is done; a send's receiver has yet to match it.
+    Unreceipted,
     Done,
     Failed(Error),
 }
@@ -42,6 +44,9 @@ struct Outputs {
 /// Shared between a `Work` and the progress thread running it.
 pub(crate) struct WorkState {
     phase: Mutex<Phase>,
+    /// Receipts of sends to ranks of this process, not yet told (under
+    /// the phase lock).
+    receipts: Mutex<usize>,
     changed: Condvar,
     waker: Mutex<Option<Waker>>,
     outputs: Mutex<Outputs>,
@@ -51,6 +56,7 @@ impl WorkState {
     pub(crate) fn new() -> Arc<WorkState> {
         Arc::new(WorkState {
             phase: Mutex::new(Phase::Queued),
+            receipts: Mutex::new(0),
             changed: Condvar::new(),
             waker: Mutex::new(None),
             outputs: Mutex::new(Outputs::default()),
@@ -84,8 +90,15 @@ impl WorkState {
         drop(tensors);
     }
 
+    /// Moves to `p`, unless the work has already failed (a receiver may
+    /// refuse a send before its host steps are done).
     fn set(&self, p: Phase) {
-        *lock(&self.phase) = p;
+        let mut now = lock(&self.phase);
+        if matches!(*now, Phase::Failed(_)) {
+            return;
+        }
+        *now = p;
+        drop(now);
         self.changed.notify_all();
         if let Some(w) = lock(&self.waker).take() {
             w.wake();
@@ -104,16 +117,51 @@ impl WorkState {
         self.set(Phase::Failed(e));
     }
 
-    /// Called when the device reports the final submission done.
+    /// Called when the device reports the final submission done. A work
+    /// with receipts still to come waits for them.
     pub(crate) fn gpu_done(&self) {
         let mut p = lock(&self.phase);
         if matches!(*p, Phase::Issued(_)) {
-            *p = Phase::Done;
+            *p = if *lock(&self.receipts) > 0 {
+                Phase::Unreceipted
+            } else {
+                Phase::Done
+            };
             drop(p);
-            self.changed.notify_all();
-            if let Some(w) = lock(&self.waker).take() {
-                w.wake();
-            }
+            self.wake();
+        }
+    }
+
+    /// One more receipt to wait for (a send's, made before it is posted).
+    pub(crate) fn expect_receipt(&self) {
+        let _p = lock(&self.phase);
+        let mut r = lock(&self.receipts);
+        *r = r.saturating_add(1);
+    }
+
+    /// A receiver's verdict on one of this work's sends: the last one
+    /// taken completes a work the device is done with; a refusal fails it.
+    pub(crate) fn receipt(&self, verdict: Result<()>) {
+        let mut p = lock(&self.phase);
+        let left = {
+            let mut r = lock(&self.receipts);
+            *r = r.saturating_sub(1);
+            *r
+        };
+        match (verdict, &*p) {
+            (_, Phase::Done | Phase::Failed(_)) => return,
+            (Err(e), _) => *p = Phase::Failed(e),
+            (Ok(()), Phase::Unreceipted) if left == 0 => *p = Phase::Done,
+            (Ok(()), _) => return,
+        }
+        drop(p);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        self.changed.notify_all();
+        if let Some(w) = lock(&self.waker).take() {
+            w.wake();
         }
     }
 
@@ -228,7 +276,7 @@ impl Work {
         match self.state.phase() {
             Phase::Done | Phase::Failed(_) => true,
             Phase::Issued(t) => self.gpu_finished(t),
-            Phase::Queued | Phase::Running(_) => false,
+            Phase::Queued | Phase::Running(_) | Phase::Unreceipted => false,
         }
     }
 
@@ -242,13 +290,13 @@ impl Work {
         Ok(outs.swap_remove(0))
     }
 
+    /// Whether the work is finished now that the device may be done with `t`.
     fn gpu_finished(&self, t: Ticket) -> bool {
-        if self.dev.is_done(t) {
-            self.state.gpu_done();
-            true
-        } else {
-            false
+        if !self.dev.is_done(t) {
+            return false;
         }
+        self.state.gpu_done();
+        matches!(self.state.phase(), Phase::Done | Phase::Failed(_))
     }
 
     fn timeout_error(&self, what: &str, after: Duration) -> Error {
@@ -273,15 +321,19 @@ impl Work {
                     let t = *t;
                     drop(phase);
                     let limit = deadline.map_or(self.timeout, |d| d.saturating_duration_since(now));
-                    if self.dev.poll_for(t, limit, Some(self.fp.seq))? {
-                        self.state.gpu_done();
-                        return Ok(());
+                    if !self.dev.poll_for(t, limit, Some(self.fp.seq))? {
+                        return Err(
+                            self.timeout_error("the device to finish the output", start.elapsed())
+                        );
                     }
-                    return Err(
-                        self.timeout_error("the device to finish the output", start.elapsed())
-                    );
+                    self.state.gpu_done();
+                    phase = lock(&self.state.phase);
+                    continue;
                 }
                 (_, Some(d)) => d,
+                // A send waits for its receiver to match it, as long as
+                // any wait for a peer.
+                (Phase::Unreceipted, None) => crate::deadline::after_from(start, self.timeout),
                 // Bounded by the progress thread's own per-wait timeouts;
                 // this is a backstop should it ever stop publishing.
                 (Phase::Running(since), None) => {
@@ -292,7 +344,12 @@ impl Work {
                 }
             };
             if now >= limit {
-                return Err(self.timeout_error("the collective's host steps", start.elapsed()));
+                let what = if matches!(*phase, Phase::Unreceipted) {
+                    "the receiver to match the send"
+                } else {
+                    "the collective's host steps"
+                };
+                return Err(self.timeout_error(what, start.elapsed()));
             }
             phase = self
                 .state
@@ -323,8 +380,14 @@ impl Future for Work {
         let ready = match this.state.phase() {
             Phase::Done => true,
             Phase::Failed(e) => return Poll::Ready(Err(e)),
-            Phase::Issued(t) => this.gpu_finished(t),
-            Phase::Queued | Phase::Running(_) => false,
+            Phase::Issued(t) => {
+                let finished = this.gpu_finished(t);
+                if let Phase::Failed(e) = this.state.phase() {
+                    return Poll::Ready(Err(e));
+                }
+                finished
+            }
+            Phase::Queued | Phase::Running(_) | Phase::Unreceipted => false,
         };
         if !ready {
             return Poll::Pending;
@@ -332,10 +395,8 @@ impl Future for Work {
         let first = lock(&this.state.outputs).tensors.first().cloned();
         match first {
             Some(t) => Poll::Ready(Ok(t)),
-            None => Poll::Ready(Err(Error::invalid(
-                this.rank,
-                format!("{} has no output tensor", this.fp),
-            ))),
+            // An empty group: an empty tensor, as `wait` gives.
+            None => Poll::Ready(Tensor::output(&this.dev, this.shape.1, 0)),
         }
     }
 }

@@ -450,10 +450,21 @@ impl World {
         );
         // The group meets on the device when every rank shares it, unless
         // the ranks are to model separate GPUs.
-        let shared = n > 1
-            && devices.len() == n
-            && config.placement()? != Placement::DevicePerRank
-            && devices.iter().all(|d| d.same_device(first));
+        let asked = config.placement()?;
+        let together = devices.len() == n && devices.iter().all(|d| d.same_device(first));
+        if asked == Placement::SharedDevice && !together {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "the shared placement was asked for (WorldConfig::with_placement or \
+                     WGPU_COLLECTIVES_PLACEMENT=shared), but the {n} ranks do not all run on \
+                     one device in this process ({} here, not all the same): give \
+                     from_devices one device for every rank, or ask for another placement",
+                    devices.len()
+                ),
+            });
+        }
+        let shared = n > 1 && asked != Placement::DevicePerRank && together;
         let placement = if shared {
             Placement::SharedDevice
         } else {
@@ -558,7 +569,7 @@ impl World {
     }
 
     /// The ranks that run in this process: all of them, except in a world
-    /// over several processes ([`World::from_mpi`]).
+    /// over several processes (`World::from_mpi`, feature `mpi`).
     pub fn local_ranks(&self) -> std::ops::Range<usize> {
         self.base..self.base.saturating_add(self.comms.len())
     }

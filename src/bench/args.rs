@@ -120,7 +120,16 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
     version,
     about,
     after_help = "Subcommands:\n  ddp    data-parallel MLP training on the graph layer, eager against \
-                  overlapped schedules (`wgpu-collectives ddp --help` for its options)"
+                  overlapped schedules (`wgpu-collectives ddp --help` for its options)\n\n\
+                  Environment variables:\n  \
+                  WGPU_BACKEND                   wgpu backends to look on (vulkan, metal, dx12, gl)\n  \
+                  WGPU_ADAPTER_NAME              only adapters whose name contains it (llvmpipe)\n  \
+                  WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank\n  \
+                  WGPU_COLLECTIVES_ALGO          all-reduce algorithm: auto, ring, oneshot, direct\n  \
+                  WGPU_COLLECTIVES_DEBUG         logs on stderr: info, debug, trace, or a filter\n  \
+                  RUST_LOG                       the same, when WGPU_COLLECTIVES_DEBUG is unset\n  \
+                  WGPU_COLLECTIVES_FLIGHT_DEPTH  collectives each rank's flight record keeps (64)\n  \
+                  WGPU_COLLECTIVES_FLIGHT_DUMP   where a failure writes the flight record (JSON)"
 )]
 pub struct Args {
     /// The collective to measure.

@@ -122,6 +122,18 @@ pub fn json(
     text
 }
 
+/// Okabe and Ito's palette, which readers with any common colour-vision
+/// deficiency can tell apart (no red against green).
+const OKABE_ITO: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(213, 94, 0),
+    RGBColor(240, 228, 66),
+];
+
 /// busbw against size for each (dtype, op, placement) measured, with the
 /// ceiling as a line, written as an SVG to `path`: ticks at the measured
 /// sizes, the adapter and placement in the title, and a log y axis when
@@ -186,6 +198,8 @@ pub fn plot(
                 .x_desc("size (log scale)")
                 .y_desc($ydesc)
                 .x_label_formatter(&|v| human(*v))
+                .label_style(("sans-serif", 15))
+                .axis_desc_style(("sans-serif", 16))
                 .draw()
                 .map_err(|e| err(&e))?;
             chart
@@ -197,7 +211,7 @@ pub fn plot(
                 .label(format!("ceiling {:.3} GB/s", ceiling.busbw))
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
             for (i, (name, pts)) in series.iter().enumerate() {
-                let color = Palette99::pick(i).to_rgba();
+                let color = OKABE_ITO[i % OKABE_ITO.len()].to_rgba();
                 chart
                     .draw_series(
                         LineSeries::new(pts.iter().copied(), color.stroke_width(2)).point_size(3),
@@ -213,6 +227,7 @@ pub fn plot(
                 .position(SeriesLabelPosition::LowerRight)
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
+                .label_font(("sans-serif", 14))
                 .draw()
                 .map_err(|e| err(&e))?;
         }};

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
 use crate::transport::local::LoanError;
-use crate::transport::{Body, Lane, Loan, Transport};
+use crate::transport::{Body, Lane, Loan, Transport, Verdict};
 
 /// A rank's links, as the runtime uses them: packets headed by the
 /// fingerprint of the collective they belong to.
@@ -81,7 +81,15 @@ pub(crate) fn take(
             Err(_) => Err(gone()),
         },
     )?;
+    let mut p = p;
     let pairs = w.fp.pairs_with(&p.fp);
+    if let Some(receipt) = p.receipt.take() {
+        receipt.tell(if pairs && p.len() == bytes {
+            Verdict::Taken
+        } else {
+            Verdict::Refused(w.fp.to_string())
+        });
+    }
     if !pairs || p.len() != bytes {
         let (ours, theirs) = if !pairs {
             (w.fp.to_string(), p.fp.to_string())

@@ -30,7 +30,7 @@ use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::shared;
-use crate::transport::{Body, Lane, Stager};
+use crate::transport::{Body, Lane, Receipt, Stager, Verdict};
 
 /// Ops queued or running on a progress thread. Waiting for it to drain
 /// (a rank that departs, a run that starts) is a condition wait, not a
@@ -205,7 +205,7 @@ impl Progress {
             scratch.reset(&op.items);
             let mut outs = Vec::with_capacity(op.items.iter().map(|it| it.outputs.len()).sum());
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.launch(&op.items, &mut outs, &mut scratch)
+                self.launch(&op.items, &op.state, &mut outs, &mut scratch)
             }))
             .unwrap_or_else(|p| {
                 Err(Error::device(
@@ -269,7 +269,13 @@ impl Progress {
     /// Runs an op's calls in launch order, their outputs (made here) in
     /// `outs`; `s.done` says which completed, should one fail. Returns the
     /// submission that last writes an output.
-    fn launch(&mut self, items: &[Item], outs: &mut Vec<Tensor>, s: &mut Scratch) -> Result<Ran> {
+    fn launch(
+        &mut self,
+        items: &[Item],
+        state: &Arc<WorkState>,
+        outs: &mut Vec<Tensor>,
+        s: &mut Scratch,
+    ) -> Result<Ran> {
         let dev = self.dev.clone();
         for it in items {
             let start = outs.len();
@@ -287,7 +293,7 @@ impl Progress {
                 .flight
                 .record(self.rank, it.fp, State::InProgress);
             tracing::debug!(rank = self.rank, seq = it.fp.seq, call = %it.fp, "started");
-            let r = self.execute(it, &outs[s.spans[i].clone()])?;
+            let r = self.execute(it, state, &outs[s.spans[i].clone()])?;
             self.health
                 .flight
                 .record(self.rank, it.fp, State::Completed);
@@ -324,7 +330,7 @@ impl Progress {
         clippy::arithmetic_side_effects,
         reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
     )]
-    fn execute(&mut self, op: &Item, outs: &[Tensor]) -> Result<Ran> {
+    fn execute(&mut self, op: &Item, state: &Arc<WorkState>, outs: &[Tensor]) -> Result<Ran> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {
@@ -422,6 +428,12 @@ impl Progress {
                 self.stamps.as_mut()
             } else {
                 None
+            },
+            receipt: match &op.what {
+                Collective::Send { peer, .. } => {
+                    receipt(&self.health, state, r, op.fp, *peer, &*self.endpoint)
+                }
+                _ => None,
             },
         };
         // Views the schedules cannot work on where they lie are staged;
@@ -706,6 +718,51 @@ impl<'a> Staged<'a> {
     }
 }
 
+/// The receipt a send to `peer` carries, where the receiver can tell it
+/// back (a rank of this process): the send's work completes once the
+/// receiver has matched it, and fails when it refuses, so a mismatch fails
+/// both sides. Sends to other processes complete once posted.
+fn receipt(
+    health: &Arc<Health>,
+    state: &Arc<WorkState>,
+    rank: usize,
+    fp: Fingerprint,
+    peer: usize,
+    link: &Link,
+) -> Option<Receipt> {
+    if !link.carries_loans(peer) {
+        return None;
+    }
+    state.expect_receipt();
+    let (state, health) = (state.clone(), health.clone());
+    Some(Receipt::new(move |verdict| {
+        state.receipt(match verdict {
+            Verdict::Taken => Ok(()),
+            Verdict::Refused(theirs) => Err(Error::Mismatch {
+                rank,
+                seq: fp.seq,
+                ours: fp.to_string(),
+                peer,
+                theirs,
+                flight: health.flight.report(),
+            }),
+            Verdict::Dropped => {
+                Err(health
+                    .check(rank, &fp)
+                    .err()
+                    .unwrap_or_else(|| Error::PeerFailed {
+                        rank,
+                        seq: fp.seq,
+                        doing: fp.to_string(),
+                        peer,
+                        reason: "it dropped the message without receiving it".into(),
+                        flight: health.flight.report(),
+                    }))
+            }
+        })
+    }))
+}
+
 /// Sends this rank's fingerprint to the next rank of the ring and checks
 /// the previous rank's against it.
 #[allow(
@@ -718,6 +775,7 @@ fn handshake(link: &Link, w: &Waiter, n: usize) -> Result<()> {
         fp: w.fp,
         from: w.rank,
         body: Body::Bytes(data),
+        receipt: None,
     };
     hop::post(link, (w.rank + 1) % n, Lane::Collective, token, w)?;
     let p = hop::take(link, (w.rank + n - 1) % n, Lane::Collective, 0, w)?;

@@ -37,6 +37,46 @@ pub(crate) struct Packet<H> {
     pub fp: H,
     pub from: usize,
     pub body: Body,
+    /// Where the receiver tells the sender it took the message, or not
+    /// (the first packet of a send to a rank of this process).
+    pub receipt: Option<Receipt>,
+}
+
+/// What the receiver of a point-to-point message says of it.
+pub(crate) enum Verdict {
+    /// Its header matched the receive: the message is taken.
+    Taken,
+    /// It did not: the receiver's own call, as it names it.
+    Refused(String),
+    /// It was dropped untaken (the receiver failed, or a run was reset).
+    Dropped,
+}
+
+/// The receiver's word back to the sender, inside one process: a send
+/// completes once its receiver has matched it, so a mismatch fails the
+/// send too, not only the receive. Told once; dropping it untold tells
+/// [`Verdict::Dropped`].
+pub(crate) struct Receipt(Option<Box<dyn FnOnce(Verdict) + Send>>);
+
+impl Receipt {
+    pub(crate) fn new(tell: impl FnOnce(Verdict) + Send + 'static) -> Receipt {
+        Receipt(Some(Box::new(tell)))
+    }
+
+    /// Tells the sender.
+    pub(crate) fn tell(mut self, verdict: Verdict) {
+        if let Some(f) = self.0.take() {
+            f(verdict);
+        }
+    }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Verdict::Dropped);
+        }
+    }
 }
 
 /// The bytes of a packet.

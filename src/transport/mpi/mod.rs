@@ -196,6 +196,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             fp,
             from: peer,
             body: Body::Bytes(frame.body),
+            receipt: None,
         }))
     }
 
