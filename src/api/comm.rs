@@ -79,6 +79,15 @@ impl Issuer {
     }
 }
 
+/// Where a collective's output goes: a tensor the engine makes when the
+/// call runs (the plain calls), or one the caller gives (the `_into` and
+/// `_in_place` forms), so that each collective's checks are written once.
+#[derive(Clone, Copy)]
+enum Dest<'t> {
+    New,
+    Given(&'t Tensor),
+}
+
 /// Who may issue on a communicator.
 ///
 /// Issue order is what pairs collectives across ranks. Two threads issuing
@@ -386,17 +395,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call::one(
-            Collective::AllReduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            out,
-        ))
+        self.issue(self.all_reduce_call(x, op, Dest::New)?)
     }
 
     /// Like [`all_reduce`](Self::all_reduce), leaving the result in `x`.
@@ -414,16 +413,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        self.issue(Call::one(
-            Collective::AllReduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            Output::Given(x.clone()),
-        ))
+        self.all_reduce_into(x, x, op)
     }
 
     /// Like [`all_reduce`](Self::all_reduce), into `out` (a tensor of this
@@ -454,8 +444,13 @@ impl Communicator {
         out: &Tensor,
         op: ReduceOp,
     ) -> Result<Call> {
+        self.all_reduce_call(x, op, Dest::Given(out))
+    }
+
+    /// An all-reduce of `x` into `dest`, checked.
+    fn all_reduce_call(&self, x: &Tensor, op: ReduceOp, dest: Dest) -> Result<Call> {
         self.check_reduce(x, op)?;
-        let out = self.given(x, out, x.len(), true)?;
+        let out = self.dest(x, dest, x.len(), true)?;
         Ok(Call::one(
             Collective::AllReduce {
                 dtype: x.dtype(),
@@ -481,16 +476,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
-        self.check_tensor(x)?;
-        let out = self.output(x.dtype(), self.gathered_len(x)?)?;
-        self.issue(Call::one(
-            Collective::AllGather {
-                dtype: x.dtype(),
-                len: x.len(),
-            },
-            x,
-            out,
-        ))
+        self.issue(self.all_gather_call(x, Dest::New)?)
     }
 
     /// Reduces `x` over all ranks and gives rank r the r-th of n equal
@@ -509,18 +495,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        self.check_divisible(x)?;
-        let out = self.output(x.dtype(), self.share(x))?;
-        self.issue(Call::one(
-            Collective::ReduceScatter {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            out,
-        ))
+        self.issue(self.reduce_scatter_call(x, op, Dest::New)?)
     }
 
     /// The root's `x` on every rank, in a new tensor (every rank passes a
@@ -538,18 +513,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
-        self.check_tensor(x)?;
-        self.check_root(root)?;
-        let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call::one(
-            Collective::Broadcast {
-                dtype: x.dtype(),
-                len: x.len(),
-                root,
-            },
-            x,
-            out,
-        ))
+        self.issue(self.broadcast_call(x, root, Dest::New)?)
     }
 
     /// The reduction of every rank's `x`, in the root's output. Other
@@ -567,19 +531,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
-        self.check_reduce(x, op)?;
-        self.check_root(root)?;
-        let out = self.output(x.dtype(), x.len())?;
-        self.issue(Call::one(
-            Collective::Reduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-                root,
-            },
-            x,
-            out,
-        ))
+        self.issue(self.reduce_call(x, op, root, Dest::New)?)
     }
 
     /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
@@ -691,8 +643,13 @@ impl Communicator {
 
     /// The call [`all_gather_into`](Self::all_gather_into) issues, checked.
     pub(crate) fn all_gather_into_call(&self, x: &Tensor, out: &Tensor) -> Result<Call> {
+        self.all_gather_call(x, Dest::Given(out))
+    }
+
+    /// An all-gather of `x` into `dest`, checked.
+    fn all_gather_call(&self, x: &Tensor, dest: Dest) -> Result<Call> {
         self.check_tensor(x)?;
-        let out = self.given(x, out, self.gathered_len(x)?, false)?;
+        let out = self.dest(x, dest, self.gathered_len(x)?, false)?;
         Ok(Call::one(
             Collective::AllGather {
                 dtype: x.dtype(),
@@ -730,9 +687,14 @@ impl Communicator {
         out: &Tensor,
         op: ReduceOp,
     ) -> Result<Call> {
+        self.reduce_scatter_call(x, op, Dest::Given(out))
+    }
+
+    /// A reduce-scatter of `x` into `dest`, checked.
+    fn reduce_scatter_call(&self, x: &Tensor, op: ReduceOp, dest: Dest) -> Result<Call> {
         self.check_reduce(x, op)?;
         self.check_divisible(x)?;
-        let out = self.given(x, out, self.share(x), false)?;
+        let out = self.dest(x, dest, self.share(x), false)?;
         Ok(Call::one(
             Collective::ReduceScatter {
                 dtype: x.dtype(),
@@ -791,9 +753,14 @@ impl Communicator {
         out: &Tensor,
         root: usize,
     ) -> Result<Call> {
+        self.broadcast_call(x, root, Dest::Given(out))
+    }
+
+    /// A broadcast from `root` into `dest`, checked.
+    fn broadcast_call(&self, x: &Tensor, root: usize, dest: Dest) -> Result<Call> {
         self.check_tensor(x)?;
         self.check_root(root)?;
-        let out = self.given(x, out, x.len(), true)?;
+        let out = self.dest(x, dest, x.len(), true)?;
         Ok(Call::one(
             Collective::Broadcast {
                 dtype: x.dtype(),
@@ -854,9 +821,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<Call> {
+        self.reduce_call(x, op, root, Dest::Given(out))
+    }
+
+    /// A reduction to `root` into `dest`, checked.
+    fn reduce_call(&self, x: &Tensor, op: ReduceOp, root: usize, dest: Dest) -> Result<Call> {
         self.check_reduce(x, op)?;
         self.check_root(root)?;
-        let out = self.given(x, out, x.len(), true)?;
+        let out = self.dest(x, dest, x.len(), true)?;
         Ok(Call::one(
             Collective::Reduce {
                 dtype: x.dtype(),
@@ -1145,6 +1117,15 @@ impl Communicator {
             ));
         }
         Ok(())
+    }
+
+    /// The output `dest` names for input `x`, of `len` elements: a new
+    /// tensor, or the caller's, checked (see [`given`](Self::given)).
+    fn dest(&self, x: &Tensor, dest: Dest, len: usize, in_place: bool) -> Result<Output> {
+        match dest {
+            Dest::New => self.output(x.dtype(), len),
+            Dest::Given(out) => self.given(x, out, len, in_place),
+        }
     }
 
     /// Checks an output the caller gives for input `x`: this rank's, of
