@@ -249,11 +249,12 @@ fn all_to_all_counts_that_disagree_fail_every_rank() {
         .expect("run");
     for (rank, res) in r.into_iter().enumerate() {
         match res {
+            // Each rank as it sees it: rank 1 is the sender.
             Err(Error::Mismatch { ours, theirs, .. }) => {
+                let both = format!("{ours} / {theirs}");
                 assert!(
-                    ours.contains("expecting 2 elements from rank 1")
-                        && theirs.contains("sending 1"),
-                    "rank {rank}: {ours} / {theirs}"
+                    both.contains("expecting 2 elements from rank 1") && both.contains("sending 1"),
+                    "rank {rank}: {both}"
                 );
             }
             other => panic!("rank {rank}: expected Mismatch, got {other:?}"),

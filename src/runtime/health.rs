@@ -331,8 +331,14 @@ impl Health {
                     // Like the rank that found it: the other side differs.
                     Some(m) if m == ours => (b, theirs, m),
                     // Like the other side: the finder differs.
-                    Some(m) => (a, ours, m),
-                    None => (a, ours, "nothing yet".to_string()),
+                    Some(m) if m == theirs => (a, ours, m),
+                    // Neither (the two differ in what only they can see,
+                    // as all_to_all's counts between them): both sides.
+                    m => (
+                        a,
+                        format!("{ours}, against rank {b}'s {theirs}"),
+                        m.unwrap_or_else(|| "nothing yet".to_string()),
+                    ),
                 };
                 Error::Mismatch {
                     rank,
