@@ -211,7 +211,7 @@ fn killed(world: &World, timeout: Duration) -> ExitCode {
                 // The whole process goes, as a crash would.
                 std::process::exit(9);
             }
-            c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
         }
         Ok(())
     });
