@@ -254,6 +254,23 @@ fn plot_is_a_well_formed_svg_with_the_ceiling() {
         svg.contains("ranks on ") && (svg.contains("(shared)") || svg.contains("(per-rank)")),
         "the title"
     );
+    // The two series in Okabe-Ito blue and orange, which colour-blind
+    // readers tell apart (not a red against a green), and no text smaller
+    // than 11 px (plotters' default tick labels come out under 10).
+    let svg_lower = svg.to_lowercase();
+    assert!(
+        svg_lower.contains("#0072b2") && svg_lower.contains("#e69f00"),
+        "the series' colours"
+    );
+    let sizes: Vec<f64> = svg
+        .split("font-size=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|&px| px >= 11.0),
+        "text of at least 11 px: {sizes:?}"
+    );
 }
 
 #[test]
