@@ -429,12 +429,7 @@ impl Progress {
             } else {
                 None
             },
-            receipt: match &op.what {
-                Collective::Send { peer, .. } => {
-                    receipt(&self.health, state, r, op.fp, *peer, &*self.endpoint)
-                }
-                _ => None,
-            },
+            receipt: None,
         };
         // Views the schedules cannot work on where they lie are staged;
         // the ring on the host reads and writes whole words anywhere.
@@ -550,13 +545,25 @@ impl Progress {
             Collective::Send { peer, .. } => {
                 let x = &ins[0];
                 p.buf = x.buffer().clone();
-                if self.group.is_some() {
-                    let copy = scratch(&dev, x.words())?;
-                    let buffer = copy.buffer().clone();
-                    p2p::send_on_device(&mut p, *peer, x.words(), buffer, Box::new(copy))?;
-                } else {
-                    p2p::send(&mut p, *peer, x.words())?;
+                let copy = match self.group {
+                    Some(_) => Some(scratch(&dev, x.words())?),
+                    None => None,
+                };
+                // The first packet carries the receipt; one still here
+                // after a failed send was never sent, and the send's own
+                // error says why.
+                p.receipt = receipt(&self.health, state, r, op.fp, *peer, &*self.endpoint);
+                let sent = match copy {
+                    Some(copy) => {
+                        let buffer = copy.buffer().clone();
+                        p2p::send_on_device(&mut p, *peer, x.words(), buffer, Box::new(copy))
+                    }
+                    None => p2p::send(&mut p, *peer, x.words()),
+                };
+                if let Some(unsent) = p.receipt.take() {
+                    unsent.disarm();
                 }
+                sent?;
             }
             Collective::Recv { peer, .. } => {
                 let out = &outs[0];

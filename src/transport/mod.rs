@@ -69,6 +69,12 @@ impl Receipt {
             f(verdict);
         }
     }
+
+    /// Forgets a receipt that was never sent (its send failed first, and
+    /// says why itself).
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
 }
 
 impl Drop for Receipt {
