@@ -99,10 +99,7 @@ impl WorkState {
         }
         *now = p;
         drop(now);
-        self.changed.notify_all();
-        if let Some(w) = lock(&self.waker).take() {
-            w.wake();
-        }
+        self.wake();
     }
 
     pub(crate) fn start(&self) {

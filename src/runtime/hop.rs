@@ -55,7 +55,7 @@ pub(crate) fn take(
     w: &Waiter,
 ) -> Result<Packet> {
     let gone = || gone(peer, w);
-    let p = w.until(
+    let mut p = w.until(
         || match bytes {
             0 => format!("rank {peer} to join {}", w.fp),
             _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
@@ -81,7 +81,6 @@ pub(crate) fn take(
             Err(_) => Err(gone()),
         },
     )?;
-    let mut p = p;
     let pairs = w.fp.pairs_with(&p.fp);
     if let Some(receipt) = p.receipt.take() {
         receipt.tell(if pairs && p.len() == bytes {
