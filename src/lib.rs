@@ -103,4 +103,5 @@ pub use logging::init_logging;
 pub use op::ReduceOp;
 pub use runtime::cost::{Algorithm, CostModel};
 pub use runtime::flight::{FlightEntry, FlightRecord, FlightState};
+pub use runtime::plan::Plan;
 pub use runtime::profile::Profile;

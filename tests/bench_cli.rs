@@ -70,7 +70,9 @@ fn the_table_has_the_nccl_tests_columns_and_a_row_per_size() {
     let sizes: Vec<&str> = r.iter().map(|c| c[0].as_str()).collect();
     assert_eq!(sizes, ["1024", "4096", "16384"], "{out}");
     for c in &r {
-        assert_eq!(c.len(), 13, "{c:?}");
+        // The last column names the plan that ran.
+        assert_eq!(c.len(), 14, "{c:?}");
+        assert!(wgpu_collectives::Plan::parse(&c[13]).is_some(), "{c:?}");
         assert_eq!(
             (c[2].as_str(), c[3].as_str(), c[4].as_str()),
             ("float", "sum", "-1")
@@ -189,6 +191,8 @@ fn json_holds_every_row_and_the_ceiling() {
         assert_eq!(row["type"].as_str(), Some(line[2].as_str()));
         assert_eq!(row["out_of_place"]["wrong"], 0);
         assert!(row["in_place"]["busbw_gbps"].as_f64().is_some());
+        // The plan that ran, as the table names it.
+        assert_eq!(row["plan"].as_str(), Some(line[13].as_str()));
     }
 }
 
@@ -335,6 +339,7 @@ fn help_lists_the_ddp_subcommand() {
         "WGPU_ADAPTER_NAME",
         "WGPU_COLLECTIVES_PLACEMENT",
         "WGPU_COLLECTIVES_ALGO",
+        "WGPU_COLLECTIVES_PLAN",
         "WGPU_COLLECTIVES_DEBUG",
         "WGPU_COLLECTIVES_FLIGHT_DUMP",
     ] {

@@ -34,6 +34,8 @@ fn the_record_keeps_the_last_collectives_of_every_rank() {
         assert_eq!(entries[2].bytes, None);
         assert!(entries.iter().all(|e| e.state == FlightState::Completed));
         assert!(entries.iter().all(|e| e.changed_at >= e.issued_at));
+        // Each names the plan it ran with.
+        assert!(entries.iter().all(|e| e.plan.is_some()), "{rec}");
     }
     let text = rec.to_string();
     assert!(
@@ -64,6 +66,8 @@ fn the_default_depth_is_64_and_json_parses() {
     assert_eq!(first["seq"], 6);
     assert_eq!(first["collective"], "barrier");
     assert_eq!(first["state"], "completed");
+    let plan = first["plan"].as_str().expect("the plan that ran");
+    assert!(wgpu_collectives::Plan::parse(plan).is_some(), "{plan}");
     assert!(first["issued_at_us"].as_u64().expect("a time") > 1_700_000_000_000_000);
 }
 

@@ -44,12 +44,17 @@ fn debug_logs_the_world_and_each_collective_with_rank_and_sequence() {
         );
     }
     assert!(err.contains("all_reduce(float, len 1024, sum)"), "{err}");
-    assert!(
-        err.contains("algorithm=\"ring\"")
-            || err.contains("algorithm=\"one-shot\"")
-            || err.contains("algorithm=\"direct\""),
-        "{err}"
-    );
+    // Each collective's plan, by the name `Plan::parse` takes.
+    let planned = err
+        .lines()
+        .find(|l| l.contains("planned") && l.contains("rank=1"))
+        .unwrap_or_else(|| panic!("no plan logged for rank 1:\n{err}"));
+    let plan = planned
+        .split("plan=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or_else(|| panic!("{planned}"));
+    assert!(wgpu_collectives::Plan::parse(plan).is_some(), "{planned}");
     // debug is not trace: no per-step lines.
     assert!(!err.contains("recv_reduce_send"), "{err}");
 }

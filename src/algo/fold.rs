@@ -41,7 +41,7 @@ impl HostFold {
             DType::F32 => {
                 match self.op {
                     ReduceOp::Prod => words(dst, src, |a, b| {
-                        (f32::from_bits(a) * f32::from_bits(b)).to_bits()
+                        canon(f32::from_bits(a) * f32::from_bits(b)).to_bits()
                     }),
                     ReduceOp::Min => words(dst, src, |a, b| {
                         nan_min(f32::from_bits(a), f32::from_bits(b)).to_bits()
@@ -50,12 +50,12 @@ impl HostFold {
                         nan_max(f32::from_bits(a), f32::from_bits(b)).to_bits()
                     }),
                     _ => words(dst, src, |a, b| {
-                        (f32::from_bits(a) + f32::from_bits(b)).to_bits()
+                        canon(f32::from_bits(a) + f32::from_bits(b)).to_bits()
                     }),
                 }
                 if divisor != 0 {
                     let n = divisor as f32;
-                    each_word(dst, |a| (f32::from_bits(a) / n).to_bits());
+                    each_word(dst, |a| canon(f32::from_bits(a) / n).to_bits());
                 }
             }
             DType::I32 | DType::U32 => {
@@ -119,15 +119,15 @@ fn halves_in_f32(
     halves(dst, src, |a, b| {
         let (a, b) = (lift(a), lift(b));
         let v = lower(match op {
-            ReduceOp::Prod => a * b,
+            ReduceOp::Prod => canon(a * b),
             ReduceOp::Min => nan_min(a, b),
             ReduceOp::Max => nan_max(a, b),
-            _ => a + b,
+            _ => canon(a + b),
         });
         if divisor == 0 {
             v
         } else {
-            lower(lift(v) / divisor as f32)
+            lower(canon(lift(v) / divisor as f32))
         }
     })
 }
@@ -175,22 +175,39 @@ fn halves(dst: &mut [u8], src: &[u8], f: impl Fn(u16, u16) -> u16) {
     }
 }
 
-/// Min and max: WGSL leaves those of a NaN to the adapter; here the NaN
-/// wins, whichever side it is on (so the packet's fold commutes).
+/// The one NaN every fold gives (`f32::NAN`'s bits, 0x7fc00000), as
+/// `canon` in `shaders/order_float.wgsl`: a NaN's sign and payload would
+/// otherwise depend on the hardware.
+fn canon(v: f32) -> f32 {
+    if v.is_nan() { f32::NAN } else { v }
+}
+
+/// Min as `ordered_min` in `shaders/order_float.wgsl`: a NaN on either
+/// side wins (canonical), and equal values meet on their bits' OR, so
+/// min(-0, +0) is -0 whichever side each is on.
 fn nan_min(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
+    } else if a < b {
+        a
+    } else if b < a {
+        b
     } else {
-        a.min(b)
+        f32::from_bits(a.to_bits() | b.to_bits())
     }
 }
 
-/// See [`nan_min`].
+/// Max as `ordered_max`: equal values meet on their bits' AND, so
+/// max(-0, +0) is +0.
 fn nan_max(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
+    } else if a > b {
+        a
+    } else if b > a {
+        b
     } else {
-        a.max(b)
+        f32::from_bits(a.to_bits() & b.to_bits())
     }
 }
 

@@ -18,6 +18,7 @@ use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
+use crate::runtime::plan::Plan;
 use crate::runtime::progress::SplitTable;
 
 #[derive(Clone)]
@@ -50,6 +51,8 @@ pub(crate) struct WorkState {
     changed: Condvar,
     waker: Mutex<Option<Waker>>,
     outputs: Mutex<Outputs>,
+    /// The plan it runs with (`Plan::code`), once chosen.
+    plan: std::sync::atomic::AtomicU64,
 }
 
 impl WorkState {
@@ -60,6 +63,7 @@ impl WorkState {
             changed: Condvar::new(),
             waker: Mutex::new(None),
             outputs: Mutex::new(Outputs::default()),
+            plan: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -100,6 +104,17 @@ impl WorkState {
         *now = p;
         drop(now);
         self.wake();
+    }
+
+    /// The planner chose `plan` (a group keeps its first call's).
+    pub(crate) fn planned(&self, plan: Plan) {
+        use std::sync::atomic::Ordering;
+        let _ = self.plan.compare_exchange(
+            0,
+            Plan::code(Some(plan)),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     pub(crate) fn start(&self) {
@@ -266,6 +281,17 @@ impl Work {
     /// The collective's sequence number in its communicator.
     pub(crate) fn seq(&self) -> u64 {
         self.fp.seq
+    }
+
+    /// The plan the collective runs with, once the progress thread has
+    /// chosen it (before any byte moves); `None` while it waits behind
+    /// earlier collectives, for a call that failed before a plan was
+    /// chosen, and for an empty group. A group's `Work` names its first
+    /// call's plan. Never blocks; after `wait`, the flight record
+    /// ([`Communicator::flight_record`](crate::Communicator::flight_record))
+    /// keeps each call's plan.
+    pub fn plan(&self) -> Option<Plan> {
+        Plan::from_code(self.state.plan.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Whether the collective has finished (successfully or not). Never blocks.

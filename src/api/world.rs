@@ -15,10 +15,11 @@ use crate::api::comm::{
 use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result};
-use crate::runtime::cost::{Algorithm, CostModel, Tuning};
+use crate::runtime::cost::{Algorithm, CostModel, Rates, Tuning};
 use crate::runtime::flight::FlightRecord;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
+use crate::runtime::plan::Plan;
 use crate::transport::local::mesh;
 
 /// Most ranks a world may have.
@@ -32,6 +33,7 @@ pub struct WorldConfig {
     adapter_name: Option<String>,
     timeout: Duration,
     algorithm: Option<Algorithm>,
+    plan: Option<Option<Plan>>,
     required_features: wgpu::Features,
     required_limits: Option<wgpu::Limits>,
     flight_depth: Option<usize>,
@@ -58,6 +60,7 @@ impl WorldConfig {
             adapter_name: None,
             timeout: Duration::from_secs(60),
             algorithm: None,
+            plan: None,
             required_features: wgpu::Features::empty(),
             required_limits: None,
             flight_depth: None,
@@ -167,6 +170,20 @@ impl WorldConfig {
         self
     }
 
+    /// Forces the plan collectives run with, for every collective that
+    /// offers it (see [`Plan`]); the others run as the planner chooses.
+    /// `None` lets the planner choose for all (default: the
+    /// `WGPU_COLLECTIVES_PLAN` environment variable, unless
+    /// [`with_algorithm`](Self::with_algorithm) was called, else `None`). A plan
+    /// forced here wins over an [`Algorithm`]; one that cannot run (the
+    /// direct kernels between separate devices, say) makes the world, or
+    /// the call, fail with [`Error::InvalidArgument`] naming why, never a
+    /// silent fallback.
+    pub fn with_plan(mut self, plan: Option<Plan>) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks
@@ -195,6 +212,43 @@ impl WorldConfig {
             }),
             _ => Ok(Algorithm::Auto),
         }
+    }
+
+    /// The forced plan: `with_plan`'s, else `WGPU_COLLECTIVES_PLAN`'s
+    /// unless the code chose an algorithm (what code sets wins over the
+    /// environment).
+    pub(crate) fn plan(&self) -> Result<Option<Plan>> {
+        if let Some(p) = self.plan {
+            return Ok(p);
+        }
+        if self.algorithm.is_some() {
+            return Ok(None);
+        }
+        match std::env::var("WGPU_COLLECTIVES_PLAN") {
+            Ok(s) if !s.is_empty() && s.trim() != "auto" => {
+                Plan::parse(&s)
+                    .map(Some)
+                    .ok_or_else(|| Error::InvalidArgument {
+                        rank: None,
+                        what: format!(
+                            "WGPU_COLLECTIVES_PLAN={s:?}: expected auto, {}",
+                            Plan::ALL.map(Plan::name).join(", ")
+                        ),
+                    })
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// What the planner decides from, with the figures measured on `first`.
+    pub(crate) fn tuning(&self, first: &RankDevice) -> Result<Tuning> {
+        Ok(Tuning {
+            algorithm: self.algorithm()?,
+            plan: self.plan()?,
+            cost: CostModel::measure(first)?,
+            rates: Rates::measure(first)?,
+            host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
+        })
     }
 
     fn backends(&self) -> wgpu::Backends {
@@ -405,12 +459,8 @@ impl World {
             rank: None,
             what: "a world needs at least one rank".into(),
         })?;
-        // One hop's cost, measured where rank 0 runs: it picks algorithms.
-        let tuning = Tuning {
-            algorithm: config.algorithm()?,
-            cost: CostModel::measure(first)?,
-            host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
-        };
+        // Measured where rank 0 runs: the planner decides from it.
+        let tuning = config.tuning(first)?;
         let n = devices.len();
         Self::assemble_with(instance, devices, links, config, (0, n), tuning)
     }
@@ -470,6 +520,17 @@ impl World {
         } else {
             Placement::DevicePerRank
         };
+        if tuning.plan == Some(Plan::Direct) && !shared && n > 1 {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "the plan direct was forced (WorldConfig::with_plan or \
+                     WGPU_COLLECTIVES_PLAN=direct), but the {n} ranks do not share one device \
+                     (placement {}): its kernels read every rank's buffers on one device",
+                    placement.name()
+                ),
+            });
+        }
         let group = shared.then(|| Arc::new(crate::runtime::shared::Group::new(n)));
         for d in &devices {
             tracing::info!(
@@ -578,6 +639,13 @@ impl World {
     /// `WGPU_COLLECTIVES_ALGO`, else `Auto` (the cost model picks).
     pub fn algorithm(&self) -> Algorithm {
         self.tuning.algorithm
+    }
+
+    /// The plan forced by `WorldConfig::with_plan` or
+    /// `WGPU_COLLECTIVES_PLAN`, if any (else the planner chooses per call;
+    /// [`Work::plan`](crate::Work::plan) says what it chose).
+    pub fn plan(&self) -> Option<Plan> {
+        self.tuning.plan
     }
 
     /// The cost model measured on rank 0's adapter when the world was made.

@@ -22,10 +22,11 @@ use crate::api::placement::Placement;
 use crate::api::world::{MAX_RANKS, World, WorldConfig, check, find_adapters};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
-use crate::runtime::cost::{Algorithm, CostModel, Tuning};
+use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
+use crate::runtime::plan::Plan;
 use crate::transport::mpi::hub::{Hub, Notice, Route};
 use crate::transport::mpi::{Layout, ends, split_id};
 
@@ -100,8 +101,15 @@ impl World {
         let local = config.ranks();
         let number = WORLDS.fetch_add(1, Ordering::Relaxed);
         let algorithm = config.algorithm()?;
+        let plan = config.plan()?;
         let timeout_ms = u64::try_from(config.timeout().as_millis()).unwrap_or(u64::MAX);
-        let mine = vec![local as u64, number, algorithm as u64, timeout_ms];
+        let mine = vec![
+            local as u64,
+            number,
+            algorithm as u64,
+            timeout_ms,
+            Plan::code(plan),
+        ];
         let said = hub
             .all_gather(mine.clone(), config.timeout())
             .map_err(|what| Error::Transport {
@@ -112,8 +120,8 @@ impl World {
             let views: Vec<String> = said
                 .chunks(mine.len())
                 .enumerate()
-                .map(|(p, s)| match s {
-                    [l, n, a, t] => {
+                .map(|(process, s)| match s {
+                    [l, n, a, t, p] => {
                         let a = [
                             Algorithm::Auto,
                             Algorithm::Ring,
@@ -123,9 +131,13 @@ impl World {
                         .into_iter()
                         .find(|&x| x as u64 == *a)
                         .map_or("?", Algorithm::name);
-                        format!("process {p}: {l} ranks, world #{n}, algorithm {a}, timeout {t} ms")
+                        let plan = Plan::from_code(*p).map_or("none", Plan::name);
+                        format!(
+                            "process {process}: {l} ranks, world #{n}, algorithm {a}, plan {plan}, \
+                             timeout {t} ms"
+                        )
                     }
-                    _ => format!("process {p}: ?"),
+                    _ => format!("process {process}: ?"),
                 })
                 .collect();
             return Err(Error::Transport {
@@ -175,15 +187,16 @@ impl World {
             rank: None,
             what: "a world needs at least one rank".into(),
         })?;
-        // Decisions must match across processes: process 0's figures.
-        let measured = CostModel::measure(first)?;
+        // Decisions must match across processes: process 0's figures
+        // (its cost model, and whether its adapter folds on the host).
+        let measured = config.tuning(first)?;
         let figures = hub
-            .all_gather(measured.to_words().to_vec(), config.timeout())
+            .all_gather(measured.to_words(), config.timeout())
             .map_err(|what| Error::Transport {
                 process: Some(process),
                 what,
             })?;
-        let cost = CostModel::from_words(&figures).unwrap_or(measured);
+        let tuning = measured.from_words(&figures).unwrap_or(measured);
 
         let group = split_id(u64::MAX, number, u32::MAX);
         let layout = Layout {
@@ -202,16 +215,6 @@ impl World {
                 what: "a rank of this process has no link".into(),
             })?;
         let config = config.with_placement(Placement::DevicePerRank);
-        // Like the cost model, from this process's first rank: processes on
-        // one kind of adapter (which the hosts of one job are) agree.
-        let host_fold = devices
-            .first()
-            .is_some_and(|d| d.info.device_type == wgpu::DeviceType::Cpu);
-        let tuning = Tuning {
-            algorithm,
-            cost,
-            host_fold,
-        };
         let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
         pass_failures_on(&hub, group, local, &world.health);
         // A process that dies says nothing: the others notice its silence

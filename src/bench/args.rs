@@ -125,6 +125,8 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
                   WGPU_BACKEND                   wgpu backends to look on (vulkan, metal, dx12, gl)\n  \
                   WGPU_ADAPTER_NAME              only adapters whose name contains it (llvmpipe)\n  \
                   WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank\n  \
+                  WGPU_COLLECTIVES_PLAN          force a plan: auto, direct, device-ring, host-ring, one-shot,\n  \
+                                                 chain, pairwise, star (where the collective offers it)\n  \
                   WGPU_COLLECTIVES_ALGO          all-reduce algorithm: auto, ring, oneshot, direct\n  \
                   WGPU_COLLECTIVES_DEBUG         logs on stderr: info, debug, trace, or a filter\n  \
                   RUST_LOG                       the same, when WGPU_COLLECTIVES_DEBUG is unset\n  \

@@ -17,7 +17,7 @@ pub mod report;
 use std::time::Instant;
 
 use wgpu_collectives::{
-    Communicator, DType, Error, Profile, ReduceOp, Tensor, Work, World, WorldConfig,
+    Communicator, DType, Error, Plan, Profile, ReduceOp, Tensor, Work, World, WorldConfig,
 };
 
 use args::{Args, Collective};
@@ -83,6 +83,9 @@ pub struct Row {
     pub root: Option<usize>,
     pub out_of_place: Timing,
     pub in_place: Option<Timing>,
+    /// The plan the timed collectives ran with (rank 0's; every rank's is
+    /// the same), out of place.
+    pub plan: Option<Plan>,
 }
 
 /// How a collective of `bytes` (nccl-tests' size) maps onto tensors.
@@ -172,7 +175,7 @@ fn measure(
     op: ReduceOp,
     s: Shape,
     in_place: bool,
-) -> Result<(f64, Option<u64>), Error> {
+) -> Result<(f64, Option<u64>, Option<Plan>), Error> {
     let x = data::tensor(c, dtype, op, s.input)?;
     let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
     for _ in 0..a.warmup {
@@ -188,6 +191,7 @@ fn measure(
         let _ = w.wait()?;
     }
     let secs = start.elapsed().as_secs_f64() / a.iters.max(1) as f64;
+    let plan = ran_with(c);
     let mut wrong = None;
     let (n, r) = (c.size(), c.rank());
     for _ in 0..a.check {
@@ -207,10 +211,16 @@ fn measure(
         };
         *wrong.get_or_insert(0) += data::wrong(&y, n, &want)?;
     }
-    Ok((secs, wrong))
+    Ok((secs, wrong, plan))
 }
 
-fn timing(bytes: u64, per_rank: Vec<(f64, Option<u64>)>, factor: f64) -> Timing {
+/// The plan this rank's last collective ran with, from its flight record.
+fn ran_with(c: &Communicator) -> Option<Plan> {
+    let record = c.flight_record();
+    record.ranks.get(c.rank())?.last()?.plan
+}
+
+fn timing(bytes: u64, per_rank: &[(f64, Option<u64>, Option<Plan>)], factor: f64) -> Timing {
     let secs = per_rank.iter().map(|r| r.0).fold(0.0, f64::max);
     let wrong = per_rank.iter().try_fold(0, |acc, r| r.1.map(|w| acc + w));
     let algbw = if secs > 0.0 {
@@ -231,6 +241,7 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
     let s = shape(a.collective, world.size(), dtype, bytes);
     let factor = a.collective.bus_factor(world.size());
     let mut halves = Vec::with_capacity(2);
+    let mut plan = None;
     let placements: &[bool] = if a.collective.has_in_place() {
         &[false, true]
     } else {
@@ -242,14 +253,18 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
             .run(|c| {
                 let m = measure(c, a, dtype, op, s, in_place)?;
                 if processes > 1 {
-                    whole_world(c, m)
+                    let plan = m.2;
+                    whole_world(c, (m.0, m.1)).map(|(t, w)| (t, w, plan))
                 } else {
                     Ok(m)
                 }
             })?
             .into_iter()
             .collect::<Result<Vec<_>, Error>>()?;
-        halves.push(timing(s.bytes, per_rank, factor));
+        if !in_place {
+            plan = per_rank.first().and_then(|m| m.2);
+        }
+        halves.push(timing(s.bytes, &per_rank, factor));
     }
     Ok(Row {
         bytes: s.bytes,
@@ -259,6 +274,7 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
         root: a.collective.rooted().then_some(a.root),
         out_of_place: halves[0],
         in_place: halves.get(1).copied(),
+        plan,
     })
 }
 
@@ -346,21 +362,20 @@ pub fn header(world: &World, a: &Args) -> String {
     );
     let m = world.cost_model();
     let shared = world.placement() == wgpu_collectives::Placement::SharedDevice;
-    let algo = match world.algorithm() {
-        wgpu_collectives::Algorithm::Auto | wgpu_collectives::Algorithm::Direct if shared => {
-            "direct: one kernel reads every rank's input and writes every rank's output on the shared device".to_string()
+    let algo = match (world.plan(), world.algorithm()) {
+        (Some(plan), _) => format!("plan {plan} (forced) where the collective offers it"),
+        (None, wgpu_collectives::Algorithm::Auto | wgpu_collectives::Algorithm::Direct) => {
+            if shared {
+                "auto: the direct kernels on the shared device where they can run it (plan column)"
+                    .to_string()
+            } else {
+                "auto: the planner's choice per size (plan column)".to_string()
+            }
         }
-        wgpu_collectives::Algorithm::Auto => match m.one_shot_threshold(world.size()) {
-            0 => format!("auto: ring at every size on {} ranks", world.size()),
-            t => format!(
-                "auto: one-shot up to {t} B on {} ranks, ring above",
-                world.size()
-            ),
-        },
-        forced => format!("{} (forced)", forced.name()),
+        (None, forced) => format!("{} (forced)", forced.name()),
     };
     s += &format!(
-        "#  all-reduce algorithm: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us)\n",
+        "#  plan: {algo} (cost model from rank 0: fence {:.1} us, hop {:.3} GB/s, dispatch {:.1} us)\n",
         m.alpha.as_secs_f64() * 1e6,
         m.beta / 1e9,
         m.dispatch.as_secs_f64() * 1e6
@@ -389,7 +404,7 @@ pub fn header(world: &World, a: &Args) -> String {
 pub fn columns() -> String {
     let mut s = format!("#{:>58}{:>34}\n", "out-of-place", "in-place");
     s += &format!(
-        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}\n",
+        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12}\n",
         "size",
         "count",
         "type",
@@ -402,10 +417,11 @@ pub fn columns() -> String {
         "time",
         "algbw",
         "busbw",
-        "#wrong"
+        "#wrong",
+        "plan"
     );
     s += &format!(
-        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}",
+        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12}",
         "(B)",
         "(elements)",
         "",
@@ -418,6 +434,7 @@ pub fn columns() -> String {
         "(us)",
         "(GB/s)",
         "(GB/s)",
+        "",
         ""
     );
     s
@@ -439,13 +456,14 @@ fn half(t: Option<&Timing>) -> String {
 /// One table line, as nccl-tests prints it.
 pub fn line(r: &Row) -> String {
     format!(
-        " {:>11} {:>12} {:>8} {:>6} {:>6} {} {}",
+        " {:>11} {:>12} {:>8} {:>6} {:>6} {} {} {:>12}",
         r.bytes,
         r.count,
         r.dtype.name(),
         r.op.map_or("none", ReduceOp::name),
         r.root.map_or(-1, |x| x as i64),
         half(Some(&r.out_of_place)),
-        half(r.in_place.as_ref())
+        half(r.in_place.as_ref()),
+        r.plan.map_or("?", Plan::name)
     )
 }

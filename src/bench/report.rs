@@ -61,6 +61,7 @@ pub fn json(
                 "root": r.root,
                 "out_of_place": timing(&r.out_of_place),
                 "in_place": r.in_place.as_ref().map(timing),
+                "plan": r.plan.map(|p| p.name()),
             })
         })
         .collect();
@@ -103,6 +104,7 @@ pub fn json(
         "placement": world.placement().name(),
         "transport": world.transport(),
         "algorithm": format!("{:?}", world.algorithm()),
+        "forced_plan": world.plan().map(|p| p.name()),
         "adapters": adapters,
         "ceiling": {
             "bytes": ceiling.bytes,

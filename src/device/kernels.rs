@@ -22,15 +22,21 @@ const PATCH_HALF: &str = include_str!("../../shaders/patch_half.wgsl");
 /// Invocations per workgroup, as `@workgroup_size` in `shaders/reduce.wgsl`.
 const WORKGROUP: u64 = 256;
 
-pub(crate) fn prelude(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => include_str!("../../shaders/dtype_f32.wgsl"),
-        DType::F16 => include_str!("../../shaders/dtype_f16.wgsl"),
-        DType::BF16 => include_str!("../../shaders/dtype_bf16.wgsl"),
-        DType::I32 => include_str!("../../shaders/dtype_i32.wgsl"),
-        DType::U32 => include_str!("../../shaders/dtype_u32.wgsl"),
-    }
+/// The dtype's prelude (`shaders/dtype_*.wgsl`) and its order
+/// (`shaders/order_*.wgsl`), which the fold step builds on.
+pub(crate) fn prelude(dtype: DType) -> String {
+    let (types, order) = match dtype {
+        DType::F32 => (include_str!("../../shaders/dtype_f32.wgsl"), ORDER_FLOAT),
+        DType::F16 => (include_str!("../../shaders/dtype_f16.wgsl"), ORDER_FLOAT),
+        DType::BF16 => (include_str!("../../shaders/dtype_bf16.wgsl"), ORDER_FLOAT),
+        DType::I32 => (include_str!("../../shaders/dtype_i32.wgsl"), ORDER_INT),
+        DType::U32 => (include_str!("../../shaders/dtype_u32.wgsl"), ORDER_INT),
+    };
+    format!("{types}\n{order}")
 }
+
+const ORDER_FLOAT: &str = include_str!("../../shaders/order_float.wgsl");
+const ORDER_INT: &str = include_str!("../../shaders/order_int.wgsl");
 
 /// The WGSL of the reduction kernel for `dtype`, as the engine compiles it:
 /// entry point `main`, bindings 0 (`dst`, read-write) and 1 (`src`), override

@@ -13,15 +13,21 @@ use crate::api::tensor::DType;
 use crate::device::RankDevice;
 use crate::error::Result;
 use crate::op::ReduceOp;
+use crate::runtime::plan::Plan;
 
-/// Which all-reduce algorithm runs. More may come (two-shot, on a shared
-/// device), so matches need a wildcard arm.
+/// Which all-reduce algorithm runs: the coarse choice, as `NCCL_ALGO`
+/// names one. [`Plan`] is the finer one (which ring, which device); a
+/// forced plan wins over a forced algorithm. More may come, so matches
+/// need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// The cheaper of the two for each call, by the cost model.
+    /// The planner's choice for each call ([`Plan`]).
     Auto,
-    /// Ring: reduce-scatter then all-gather, 2(n-1) hops of S/n each.
+    /// Ring: reduce-scatter then all-gather, 2(n-1) hops of S/n each;
+    /// the ring the planner would run ([`Plan::HostRing`] between ranks
+    /// with devices of their own on a CPU adapter, else
+    /// [`Plan::DeviceRing`]).
     Ring,
     /// One shot: every rank sends its whole input to every other and
     /// reduces all n contributions itself (2 round trips, n x the bytes).
@@ -55,31 +61,138 @@ impl Algorithm {
     }
 }
 
-/// How a group chooses its algorithms: a forced one, or the cost model's.
+/// What the planner (`runtime/plan.rs`) chooses from: what the user
+/// forced, and figures measured on rank 0's device that every rank shares.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Tuning {
     pub algorithm: Algorithm,
+    /// A plan forced by the user, for the collectives that offer it.
+    pub plan: Option<Plan>,
     pub cost: CostModel,
-    /// Whether a ring between ranks of their own devices keeps the tensor
-    /// on the host for its whole schedule (`algo/fold.rs`): where rank 0's
-    /// adapter is the CPU.
+    pub rates: Rates,
+    /// Whether the ring between ranks of their own devices folds on the
+    /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
     pub host_fold: bool,
 }
 
+/// Two bandwidths the cost model's hop figures do not cover: host memory
+/// (what the host ring's steps move) and the device's own copies (what
+/// the direct kernels move).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Rates {
+    /// Bytes per second one host thread copies.
+    pub host: f64,
+    /// Bytes per second the device copies within itself.
+    pub device: f64,
+}
+
+impl Rates {
+    /// Measures both on `dev` (a few milliseconds).
+    pub(crate) fn measure(dev: &RankDevice) -> Result<Rates> {
+        let bytes = 4usize << 20;
+        let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
+        let mut host = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            host.push(t.elapsed());
+        }
+        let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let (a, b) = (
+            dev.create_buffer("cost model", bytes as u64, usage, false)?,
+            dev.create_buffer("cost model", bytes as u64, usage, false)?,
+        );
+        let time = |k: usize| -> Result<Duration> {
+            let mut enc = dev.encoder();
+            for _ in 0..k {
+                enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes as u64);
+            }
+            let t = Instant::now();
+            let idx = dev.submit(enc, None)?;
+            dev.wait(idx, None, "timing device copies")?;
+            Ok(t.elapsed())
+        };
+        time(1)?; // first touch of both buffers
+        let (mut one, mut more) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            one.push(time(1)?);
+            more.push(time(5)?);
+        }
+        let per_copy = median(more)
+            .saturating_sub(median(one))
+            .div_f64(4.0)
+            .max(Duration::from_nanos(1));
+        let rate = |d: Duration| bytes as f64 / d.max(Duration::from_nanos(1)).as_secs_f64();
+        Ok(Rates {
+            host: rate(median(host)),
+            device: rate(per_copy),
+        })
+    }
+}
+
 impl Tuning {
-    /// The all-reduce algorithm for `bytes` on `n` ranks.
-    pub(crate) fn all_reduce(&self, n: usize, bytes: usize) -> Algorithm {
-        match self.algorithm {
-            Algorithm::Auto | Algorithm::Direct => self.cost.all_reduce_algorithm(n, bytes),
-            forced => forced,
+    /// The figures every rank must decide from, as words (processes agree
+    /// on rank 0's: see `from_words`).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn to_words(&self) -> Vec<u64> {
+        let mut w = self.cost.to_words().to_vec();
+        w.extend([
+            self.rates.host.to_bits(),
+            self.rates.device.to_bits(),
+            u64::from(self.host_fold),
+        ]);
+        w
+    }
+
+    /// This tuning with the figures `words` (from `to_words`) give.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn from_words(self, words: &[u64]) -> Option<Tuning> {
+        match words {
+            [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
+                cost: CostModel::from_words(&[*c0, *c1, *c2])?,
+                rates: Rates {
+                    host: f64::from_bits(*host),
+                    device: f64::from_bits(*device),
+                },
+                host_fold: *fold != 0,
+                ..self
+            }),
+            _ => None,
         }
     }
 
-    /// Whether an all-reduce may run on the shared device's direct kernels
-    /// (not when the ring or the one-shot is forced: they run on the host
-    /// schedules, to be compared).
-    pub(crate) fn direct_all_reduce(&self) -> bool {
-        matches!(self.algorithm, Algorithm::Auto | Algorithm::Direct)
+    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
+    /// `plan`; `None` for a plan all-reduce does not offer.
+    pub(crate) fn price(&self, plan: Plan, n: usize, bytes: usize) -> Option<Duration> {
+        let c = &self.cost;
+        match plan {
+            Plan::DeviceRing => Some(c.ring_all_reduce(n, bytes)),
+            Plan::OneShot => Some(c.one_shot_all_reduce(n, bytes)),
+            Plan::HostRing => {
+                if n < 2 {
+                    return Some(Duration::ZERO);
+                }
+                // Down and up once, then the ring's 2(n-1) steps of S/n
+                // and n-1 folds of S/n, all in host memory.
+                let s = bytes as f64;
+                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64() + s / c.beta + steps / self.rates.host,
+                ))
+            }
+            Plan::Direct => {
+                // One submission: a kernel per part reads n inputs and
+                // writes n outputs on the device.
+                let moved = 2.0 * n as f64 * bytes as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64()
+                        + n as f64 * c.dispatch.as_secs_f64()
+                        + moved / (2.0 * self.rates.device),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 

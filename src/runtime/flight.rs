@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::device::lock;
 use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::plan::Plan;
 
 /// Collectives remembered per rank unless configured.
 pub(crate) const DEFAULT_DEPTH: usize = 64;
@@ -57,6 +58,7 @@ pub(crate) use FlightState as State;
 struct Entry {
     fp: Fingerprint,
     state: State,
+    plan: Option<Plan>,
     since: Instant,
     issued_at: SystemTime,
     changed_at: SystemTime,
@@ -79,6 +81,8 @@ pub struct FlightEntry {
     pub peer: Option<usize>,
     /// Its state when the record was read.
     pub state: FlightState,
+    /// The plan it ran with, once the planner chose it.
+    pub plan: Option<Plan>,
     /// When it was issued.
     pub issued_at: SystemTime,
     /// When its state last changed.
@@ -103,7 +107,7 @@ pub struct FlightRecord {
 impl FlightRecord {
     /// The record as JSON: `{"failure": null | {"rank": r, "error": "..."},
     /// "ranks": [{"rank": r, "world_rank": w, "collectives": [{"seq",
-    /// "collective", "fingerprint", "bytes", "peer", "state",
+    /// "collective", "fingerprint", "bytes", "peer", "state", "plan",
     /// "issued_at_us", "changed_at_us", "age_us"}]}]}`, times in
     /// microseconds since the Unix epoch. (Written here, not through a
     /// JSON crate, so that the library has no JSON dependency: the shape
@@ -135,14 +139,16 @@ impl FlightRecord {
                 let _ = write!(
                     s,
                     "{{\"seq\":{},\"collective\":{},\"fingerprint\":{},\"bytes\":{},\
-                     \"peer\":{},\"state\":{},\"issued_at_us\":{},\"changed_at_us\":{},\
-                     \"age_us\":{}}}",
+                     \"peer\":{},\"state\":{},\"plan\":{},\"issued_at_us\":{},\
+                     \"changed_at_us\":{},\"age_us\":{}}}",
                     e.seq,
                     json_string(e.collective),
                     json_string(&e.fingerprint),
                     opt(e.bytes),
                     opt(e.peer),
                     json_string(e.state.name()),
+                    e.plan
+                        .map_or_else(|| "null".to_string(), |p| json_string(p.name())),
                     micros(e.issued_at),
                     micros(e.changed_at),
                     e.age.as_micros(),
@@ -176,7 +182,11 @@ impl FlightRecord {
                 if let Some(bytes) = e.bytes {
                     let _ = write!(s, " {bytes} bytes");
                 }
-                let _ = write!(s, ", {} {:.3}s]", e.state.name(), e.age.as_secs_f64());
+                let _ = write!(s, ", {} {:.3}s", e.state.name(), e.age.as_secs_f64());
+                if let Some(plan) = e.plan {
+                    let _ = write!(s, ", {plan}");
+                }
+                s.push(']');
             }
         }
         s
@@ -252,10 +262,21 @@ impl Flight {
         ring.push_back(Entry {
             fp,
             state,
+            plan: None,
             since: now,
             issued_at: wall,
             changed_at: wall,
         });
+    }
+
+    /// Records the plan `rank`'s collective `fp` runs with.
+    pub(crate) fn planned(&self, rank: usize, fp: &Fingerprint, plan: Plan) {
+        let Some(ring) = self.ranks.get(rank) else {
+            return;
+        };
+        if let Some(e) = lock(ring).iter_mut().rev().find(|e| e.fp.key() == fp.key()) {
+            e.plan = Some(plan);
+        }
     }
 
     /// What `rank` was running as the call `fp` stands for (its
@@ -307,6 +328,7 @@ impl Flight {
                         bytes: e.fp.bytes(),
                         peer: e.fp.peer,
                         state: e.state,
+                        plan: e.plan,
                         issued_at: e.issued_at,
                         changed_at: e.changed_at,
                         age: now.saturating_duration_since(e.since),

@@ -10,6 +10,7 @@ pub(crate) mod fingerprint;
 pub(crate) mod flight;
 pub(crate) mod health;
 pub(crate) mod hop;
+pub(crate) mod plan;
 pub(crate) mod profile;
 pub(crate) mod progress;
 pub(crate) mod shared;

@@ -22,12 +22,13 @@ use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::Collective;
-use crate::runtime::cost::{Algorithm, Tuning};
+use crate::runtime::cost::Tuning;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
 use crate::runtime::health::{Health, Waiter};
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
+use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::shared;
 use crate::transport::{Body, Lane, Receipt, Stager, Verdict};
@@ -309,21 +310,6 @@ impl Progress {
         Ok(Ran { last, table })
     }
 
-    /// Whether `what` runs as the ring on the host (`algo/fold.rs`): an
-    /// all-reduce the ring carries, between ranks on devices of their own,
-    /// where the tuning says the adapter is the CPU.
-    fn host_ring(&self, what: &Collective, n: usize) -> bool {
-        match what {
-            Collective::AllReduce { dtype, len, .. } => {
-                let bytes = dtype.words(*len).saturating_mul(4);
-                self.tuning.host_fold
-                    && self.group.is_none()
-                    && self.tuning.all_reduce(n, bytes) == Algorithm::Ring
-            }
-            _ => false,
-        }
-    }
-
     /// Runs one collective into `outs` (its outputs, made here); returns
     /// the submission that last writes them.
     #[allow(
@@ -341,7 +327,7 @@ impl Progress {
             timeout: self.timeout,
         };
         let p2p = op.fp.kind.point_to_point();
-        if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
+        let met = if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
             let profiling = self.counters.enabled();
             if profiling && dev.timestamps && self.stamps.is_none() {
                 self.stamps = Some(Timestamps::new(&dev)?);
@@ -365,12 +351,26 @@ impl Progress {
                         self.counters.waited(since);
                         self.counters.collective();
                     }
+                    self.planned(state, op, Plan::Direct);
                     return Ok(Ran { last, table });
                 }
                 // Every rank was told the same: the host schedules run it.
-                shared::Outcome::Host => {}
+                shared::Outcome::Host(plan) => Some(plan),
             }
-        }
+        } else {
+            None
+        };
+        let plan = match met {
+            Some(plan) => plan,
+            None => {
+                // Alone on its device (or a pair's hop): every rank of the
+                // group chooses alike from what they share.
+                let direct = (n == 1).then_some(Ok(()));
+                plan::choose(&self.tuning, &op.what, n, &direct)
+                    .map_err(|why| Error::invalid(r, why))?
+            }
+        };
+        self.planned(state, op, plan);
         // Agree on what runs before moving any data: a rank that issued
         // something else (or nothing) is caught here, on every rank, even
         // when one side would have sent no bytes at all. (A point-to-point
@@ -408,7 +408,7 @@ impl Progress {
                 spare.buffer().clone()
             }
         };
-        let host_ring = self.host_ring(&op.what, n);
+        let host_ring = plan == Plan::HostRing;
         let mut p = Prims {
             w: waiter,
             link: &*self.endpoint,
@@ -458,16 +458,11 @@ impl Progress {
                     }
                     p.buf = out.buffer().clone();
                     // The one-shot folds each part in the ring's order: the same bits.
-                    if self.tuning.all_reduce(n, words * 4) == Algorithm::OneShot
-                        && n > 1
-                        && words > 0
-                    {
+                    if plan == Plan::OneShot && n > 1 && words > 0 {
                         let stride = words.div_ceil(p.align_words()) * p.align_words();
-                        tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "one-shot");
                         let all = scratch(&dev, n * stride)?;
                         oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
                     } else {
-                        tracing::debug!(rank = r, seq = op.fp.seq, algorithm = "ring");
                         ring::all_reduce(&mut p, words)?;
                     }
                 }
@@ -588,6 +583,21 @@ impl Progress {
     }
 }
 
+impl Progress {
+    /// Tells the op's `Work`, the flight record and the log which plan
+    /// runs `item` (a group's `Work` names its first call's).
+    fn planned(&self, state: &WorkState, item: &Item, plan: Plan) {
+        tracing::debug!(
+            rank = self.rank,
+            seq = item.fp.seq,
+            plan = plan.name(),
+            "planned"
+        );
+        state.planned(plan);
+        self.health.flight.planned(self.rank, &item.fp, plan);
+    }
+}
+
 /// An all-reduce as the ring on the host (`algo/fold.rs`): down once from
 /// the input, the ring's steps on a host image, up once into the output
 /// (no device copy of the input into the output first).
@@ -602,12 +612,6 @@ fn all_reduce_on_host(
     op: ReduceOp,
     n: usize,
 ) -> Result<()> {
-    tracing::debug!(
-        rank = p.rank(),
-        seq = p.w.fp.seq,
-        algorithm = "ring",
-        folds = "host"
-    );
     let fold = HostFold {
         dtype: x.dtype(),
         op,

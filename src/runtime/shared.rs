@@ -25,6 +25,7 @@ use crate::runtime::collective::Collective;
 use crate::runtime::cost::Tuning;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
+use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::progress::SplitTable;
 use crate::transport::shared::Meeting;
@@ -48,8 +49,9 @@ pub(crate) enum Outcome {
         last: Ticket,
         table: Option<SplitTable>,
     },
-    /// Run it on the host schedules (every rank was told the same).
-    Host,
+    /// Run it on the host schedules with this plan (every rank was told
+    /// the same).
+    Host(Plan),
 }
 
 /// Where a shared-device group meets.
@@ -118,22 +120,18 @@ fn host(
             .map(|r| Err(Error::invalid(r, why.clone())))
             .collect();
     }
-    let outcome = if feasible(w.dev, tuning, &all) {
-        tracing::debug!(
-            rank = w.rank,
-            seq = w.fp.seq,
-            algorithm = "direct",
-            "recording the group's steps"
-        );
+    let plan = match plan::choose(tuning, &all[0].what, n, &Some(feasible(w.dev, &all))) {
+        Ok(plan) => plan,
+        Err(why) => {
+            return (0..n)
+                .map(|r| Err(Error::invalid(r, why.clone())))
+                .collect();
+        }
+    };
+    let outcome = if plan == Plan::Direct {
         record(w, &all, stamps).map(|(last, table)| Outcome::Ran { last, table })
     } else {
-        tracing::debug!(
-            rank = w.rank,
-            seq = w.fp.seq,
-            algorithm = "host",
-            "the device steps cannot run it"
-        );
-        Ok(Outcome::Host)
+        Ok(Outcome::Host(plan))
     };
     (0..n)
         .map(|r| match &outcome {
@@ -228,31 +226,65 @@ fn align(dev: &RankDevice) -> u64 {
     u64::from(dev.limits.min_storage_buffer_offset_alignment.max(16))
 }
 
-/// Whether the device steps can run this collective (else the host does).
-fn feasible(dev: &RankDevice, tuning: &Tuning, all: &[Arrival]) -> bool {
+/// Whether the device steps can run this collective, or why not.
+fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
     let n = all.len();
     let a = &all[0];
-    match &a.what {
-        Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => {
-            tuning.direct_all_reduce() && Steps::can_reduce(dev, n)
+    let reduces = || {
+        if Steps::can_reduce(dev, n) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a reduction over {n} ranks binds more inputs than this adapter allows"
+            ))
         }
-        Collective::Reduce { .. } => Steps::can_reduce(dev, n),
+    };
+    let words = |what: &str, bytes: Vec<u64>| {
+        if bytes.iter().all(|b| b % 4 == 0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} of 16-bit elements of odd length start mid-word, where a copy cannot"
+            ))
+        }
+    };
+    match &a.what {
+        Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => reduces(),
+        Collective::Reduce { .. } => reduces(),
         Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
-            Steps::can_reduce(dev, n) && a.outs.iter().all(|o| o.byte_len() % align(dev) == 0)
+            reduces()?;
+            if a.outs.iter().all(|o| o.byte_len() % align(dev) == 0) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "each rank's chunk must be a multiple of {} bytes for a kernel to bind it",
+                    align(dev)
+                ))
+            }
         }
         Collective::AllGather { .. }
         | Collective::AllGatherCoalesced { .. }
-        | Collective::Gather { .. } => a.ins.iter().all(|x| x.byte_len() % 4 == 0),
-        Collective::Scatter { .. } => a.outs.iter().all(|o| o.byte_len() % 4 == 0),
-        Collective::AllToAll { dtype, .. } => all.iter().all(|b| match &b.what {
-            Collective::AllToAll { send, recv, .. } => {
-                send.iter().chain(recv).all(|c| (c * dtype.size()) % 4 == 0)
-            }
-            _ => false,
-        }),
-        Collective::Broadcast { .. } | Collective::Barrier | Collective::Split { .. } => true,
+        | Collective::Gather { .. } => {
+            words("segments", a.ins.iter().map(Tensor::byte_len).collect())
+        }
+        Collective::Scatter { .. } => {
+            words("segments", a.outs.iter().map(Tensor::byte_len).collect())
+        }
+        Collective::AllToAll { dtype, .. } => {
+            let size = dtype.size() as u64;
+            let counts = all.iter().flat_map(|b| match &b.what {
+                Collective::AllToAll { send, recv, .. } => {
+                    send.iter().chain(recv).copied().collect()
+                }
+                _ => Vec::new(),
+            });
+            words("blocks", counts.map(|c| c as u64 * size).collect())
+        }
+        Collective::Broadcast { .. } | Collective::Barrier | Collective::Split { .. } => Ok(()),
         // Never met here: a pair's packets carry them (`algo::p2p`).
-        Collective::Send { .. } | Collective::Recv { .. } => false,
+        Collective::Send { .. } | Collective::Recv { .. } => {
+            Err("a send or receive is one hop between a pair".into())
+        }
     }
 }
 

@@ -1,0 +1,296 @@
+//! Every plan can be forced, runs what it names, and gives the CPU
+//! reference's bits; a forced plan that cannot run is refused on every
+//! rank with the reason, never replaced by another.
+
+mod common;
+
+use common::*;
+use wgpu_collectives::{
+    Communicator, DType, Error, Placement, Plan, ReduceOp, Tensor, World, WorldConfig,
+};
+
+fn world(n: usize, placement: Placement, plan: Option<Plan>) -> Result<World, Error> {
+    World::new(
+        WorldConfig::new(n)
+            .with_placement(placement)
+            .with_plan(plan),
+    )
+}
+
+/// The plan this rank's newest collective ran with, from its flight record.
+fn last_plan(c: &Communicator) -> Option<Plan> {
+    c.flight_record().ranks[c.rank()]
+        .last()
+        .and_then(|e| e.plan)
+}
+
+/// Runs `f` on every rank, failing the test on any error.
+fn run<T: Send>(
+    w: &World,
+    what: &str,
+    f: impl Fn(&Communicator) -> Result<T, Error> + Sync,
+) -> Vec<T> {
+    w.run(f)
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .into_iter()
+        .enumerate()
+        .map(|(r, x)| x.unwrap_or_else(|e| panic!("{what}, rank {r}: {e}")))
+        .collect()
+}
+
+/// The collectives that offer `plan`, each run on every rank and checked
+/// against the CPU reference; each rank says which plan ran.
+fn every_collective_under<T: Num>(w: &World, plan: Plan, len: usize) {
+    let n = w.size();
+    let tag = format!("{plan} {} len {len} on {n}", T::DTYPE);
+    let ran = |c: &Communicator, what: &str| {
+        assert_eq!(
+            last_plan(c),
+            Some(plan),
+            "{what} {tag}, rank {}: the flight record names another plan",
+            c.rank()
+        );
+    };
+    let reduces = matches!(
+        plan,
+        Plan::Direct | Plan::DeviceRing | Plan::HostRing | Plan::OneShot
+    );
+    if reduces {
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let got = run(w, &format!("all_reduce {tag}"), |c| {
+                let x = c.tensor(&inputs::<T>(op, c.rank(), len))?;
+                let work = c.all_reduce(&x, op)?;
+                // Collectives run in issue order: once the barrier is done,
+                // the all_reduce has chosen its plan.
+                let _ = c.barrier()?.wait()?;
+                assert_eq!(work.plan(), Some(plan), "Work::plan {tag}");
+                work.wait()?.to_vec::<T>()
+            });
+            for (r, g) in got.iter().enumerate() {
+                check(
+                    &format!("all_reduce {op:?} {tag}, rank {r}"),
+                    op,
+                    g,
+                    &reference::<T>(op, n, len),
+                );
+            }
+        }
+    }
+    if matches!(plan, Plan::Direct | Plan::DeviceRing) {
+        let op = ReduceOp::Sum;
+        let got = run(w, &format!("reduce_scatter {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(op, c.rank(), len * n))?;
+            let y = c.reduce_scatter(&x, op)?.wait()?.to_vec::<T>()?;
+            ran(c, "reduce_scatter");
+            Ok(y)
+        });
+        let full = reference::<T>(op, n, len * n);
+        for (r, g) in got.iter().enumerate() {
+            check(
+                &format!("reduce_scatter {tag}, rank {r}"),
+                op,
+                g,
+                &full[r * len..(r + 1) * len],
+            );
+        }
+        let got = run(w, &format!("all_gather {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(op, c.rank(), len))?;
+            let y = c.all_gather(&x)?.wait()?.to_vec::<T>()?;
+            ran(c, "all_gather");
+            Ok(y)
+        });
+        let want: Vec<T> = (0..n).flat_map(|r| inputs::<T>(op, r, len)).collect();
+        for (r, g) in got.iter().enumerate() {
+            check(&format!("all_gather {tag}, rank {r}"), op, g, &want);
+        }
+        run(w, &format!("barrier {tag}"), |c| {
+            let _ = c.barrier()?.wait()?;
+            ran(c, "barrier");
+            Ok(())
+        });
+    }
+    if matches!(plan, Plan::Direct | Plan::Chain) {
+        let root = n - 1;
+        let got = run(w, &format!("broadcast {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(ReduceOp::Sum, c.rank(), len))?;
+            let y = c.broadcast(&x, root)?.wait()?.to_vec::<T>()?;
+            ran(c, "broadcast");
+            Ok(y)
+        });
+        for (r, g) in got.iter().enumerate() {
+            let want = inputs::<T>(ReduceOp::Sum, root, len);
+            check(
+                &format!("broadcast {tag}, rank {r}"),
+                ReduceOp::Sum,
+                g,
+                &want,
+            );
+        }
+        let op = ReduceOp::Sum;
+        let got = run(w, &format!("reduce {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(op, c.rank(), len))?;
+            let y = c.reduce(&x, op, root)?.wait()?.to_vec::<T>()?;
+            ran(c, "reduce");
+            Ok(y)
+        });
+        check(
+            &format!("reduce {tag} at the root"),
+            op,
+            &got[root],
+            &reference::<T>(op, n, len),
+        );
+    }
+    if matches!(plan, Plan::Direct | Plan::Pairwise) {
+        let got = run(w, &format!("all_to_all {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(ReduceOp::Sum, c.rank(), len * n))?;
+            let y = c.all_to_all(&x, None, None)?.wait()?.to_vec::<T>()?;
+            ran(c, "all_to_all");
+            Ok(y)
+        });
+        for (r, g) in got.iter().enumerate() {
+            let want: Vec<T> = (0..n)
+                .flat_map(|s| {
+                    inputs::<T>(ReduceOp::Sum, s, len * n)[r * len..(r + 1) * len].to_vec()
+                })
+                .collect();
+            check(
+                &format!("all_to_all {tag}, rank {r}"),
+                ReduceOp::Sum,
+                g,
+                &want,
+            );
+        }
+    }
+    if matches!(plan, Plan::Direct | Plan::Star) {
+        let root = 0;
+        let got = run(w, &format!("gather {tag}"), |c| {
+            let x = c.tensor(&inputs::<T>(ReduceOp::Sum, c.rank(), len))?;
+            let out = c.zeros(T::DTYPE, if c.rank() == root { len * n } else { 0 })?;
+            let _ = c.gather_into(&x, &out, root)?.wait()?;
+            ran(c, "gather");
+            out.to_vec::<T>()
+        });
+        let want: Vec<T> = (0..n)
+            .flat_map(|r| inputs::<T>(ReduceOp::Sum, r, len))
+            .collect();
+        check(
+            &format!("gather {tag} at the root"),
+            ReduceOp::Sum,
+            &got[root],
+            &want,
+        );
+    }
+}
+
+fn plans_on(placement: Placement) -> Vec<Plan> {
+    Plan::ALL
+        .into_iter()
+        .filter(|&p| p != Plan::PointToPoint)
+        .filter(|&p| p != Plan::Direct || placement == Placement::SharedDevice)
+        .collect()
+}
+
+#[test]
+fn every_plan_forced_gives_the_reference_on_both_placements() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        for plan in plans_on(placement) {
+            for n in [2, 3] {
+                let w = world(n, placement, Some(plan))
+                    .unwrap_or_else(|e| panic!("{plan} on {n} ranks, {placement}: {e}"));
+                assert_eq!(w.plan(), Some(plan));
+                // The direct kernels bind each rank's chunk where it lies:
+                // it must start on the adapter's binding alignment (256
+                // bytes at most), so odd lengths are for the other plans.
+                let (lens, half_len): (&[usize], usize) = if plan == Plan::Direct {
+                    (&[64, 1024], 128)
+                } else {
+                    (&[1, 7, 1000], 7)
+                };
+                for &len in lens {
+                    every_collective_under::<f32>(&w, plan, len);
+                    every_collective_under::<i32>(&w, plan, len);
+                }
+                every_collective_under::<half::f16>(&w, plan, half_len);
+            }
+        }
+    }
+}
+
+#[test]
+fn forcing_direct_between_separate_devices_is_refused_with_the_reason() {
+    let e = world(2, Placement::DevicePerRank, Some(Plan::Direct))
+        .err()
+        .unwrap_or_else(|| panic!("a world forcing direct on separate devices was made"));
+    let text = e.to_string();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(
+        text.contains("direct") && text.contains("share one device"),
+        "{text}"
+    );
+}
+
+#[test]
+fn forcing_direct_on_a_shape_its_kernels_cannot_run_fails_every_rank() {
+    let n = 2;
+    let w = world(n, Placement::SharedDevice, Some(Plan::Direct)).unwrap_or_else(|e| panic!("{e}"));
+    // An f16 all_gather of odd length: rank 1's segment starts mid-word.
+    let results = w
+        .run(|c| {
+            let x = c.tensor(&inputs::<half::f16>(ReduceOp::Sum, c.rank(), 7))?;
+            c.all_gather(&x)?.wait()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Err(Error::InvalidArgument { what, .. }) => {
+                assert!(
+                    what.contains("direct") && what.contains("mid-word"),
+                    "rank {r}: {what}"
+                )
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+    // The world goes on: the next call runs.
+    let got = run(&w, "all_reduce after the refusal", |c| {
+        let x = c.tensor(&inputs::<f32>(ReduceOp::Sum, c.rank(), 10))?;
+        c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+    });
+    for g in got {
+        check(
+            "after",
+            ReduceOp::Sum,
+            &g,
+            &reference::<f32>(ReduceOp::Sum, n, 10),
+        );
+    }
+}
+
+#[test]
+fn the_planner_runs_direct_on_a_shared_device_and_a_ring_on_separate_ones() {
+    for (placement, want) in [
+        (Placement::SharedDevice, vec![Plan::Direct]),
+        (
+            Placement::DevicePerRank,
+            vec![Plan::DeviceRing, Plan::HostRing],
+        ),
+    ] {
+        let w = world(3, placement, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.plan(), None);
+        let plans = run(&w, "all_reduce of 1 MiB", |c| {
+            let x = c.zeros(DType::F32, 1 << 18)?;
+            let _: Tensor = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            Ok(last_plan(c))
+        });
+        for (r, p) in plans.into_iter().enumerate() {
+            let p = p.unwrap_or_else(|| panic!("rank {r} recorded no plan"));
+            assert!(want.contains(&p), "{placement}, rank {r}: {p}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_plan_name_is_refused() {
+    assert_eq!(Plan::parse("ring"), None);
+    assert_eq!(Plan::parse(" Device_Ring "), Some(Plan::DeviceRing));
+}
