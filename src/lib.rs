@@ -93,10 +93,10 @@ pub use wgpu;
 pub use api::comm::Communicator;
 pub use api::group::Group;
 pub use api::placement::Placement;
-pub use api::tensor::{DType, Element, Tensor};
 pub use api::work::Work;
 pub use api::world::{MAX_RANKS, World, WorldConfig};
 pub use device::kernels::{reduction_wgsl, reduction_workgroups};
+pub use device::tensor::{DType, Element, Tensor};
 pub use error::{Error, Result};
 #[cfg(feature = "log")]
 pub use logging::init_logging;

@@ -1,6 +1,6 @@
 //! Reduction operators.
 
-use crate::api::tensor::DType;
+use crate::device::tensor::DType;
 
 /// How a collective combines the ranks' values, as `torch.distributed.ReduceOp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

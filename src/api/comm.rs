@@ -16,19 +16,20 @@ use std::time::Duration;
 use crossbeam::channel::{Sender, unbounded};
 
 use crate::api::group::Group;
-use crate::api::tensor::{DType, Element, Tensor};
-use crate::api::work::{Work, WorkState};
+use crate::api::work::Work;
+use crate::device::tensor::{DType, Element, Tensor};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::Collective;
-use crate::runtime::cost::Tuning;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
+use crate::runtime::plan::Tuning;
 use crate::runtime::profile::{Counters, Profile};
 use crate::runtime::progress::{Inflight, Item, Op, Output, Progress};
 use crate::runtime::shared;
+use crate::runtime::work_state::WorkState;
 use crate::transport::Stager;
 
 struct Issuer {
@@ -1684,15 +1685,5 @@ impl Drop for Inner {
         if let Some(h) = lock(&self.progress).take() {
             let _ = h.join();
         }
-    }
-}
-
-pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
     }
 }

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 
 use crate::api::comm::{Call, Communicator};
-use crate::api::tensor::Tensor;
+use crate::device::tensor::Tensor;
 use crate::error::Result;
 use crate::op::ReduceOp;
 

@@ -4,7 +4,6 @@
 pub(crate) mod comm;
 pub(crate) mod group;
 pub(crate) mod placement;
-pub(crate) mod tensor;
 pub(crate) mod work;
 pub(crate) mod world;
 #[cfg(feature = "mpi")]

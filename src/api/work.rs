@@ -9,178 +9,18 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::api::tensor::Tensor;
+use crate::device::tensor::Tensor;
 use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
+use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::plan::Plan;
-use crate::runtime::progress::SplitTable;
-
-#[derive(Clone)]
-enum Phase {
-    Queued,
-    Running(Instant),
-    /// Host steps done; the device still has to run this submission.
-    Issued(Ticket),
-    /// The device is done; a send's receiver has yet to match it.
-    Unreceipted,
-    Done,
-    Failed(Error),
-}
-
-/// The outputs the progress thread hands over, unless the `Work` is gone.
-#[derive(Default)]
-struct Outputs {
-    tensors: Vec<Tensor>,
-    /// Split's table of every rank's (color, key).
-    table: Option<SplitTable>,
-    abandoned: bool,
-}
-
-/// Shared between a `Work` and the progress thread running it.
-pub(crate) struct WorkState {
-    phase: Mutex<Phase>,
-    /// Receipts of sends to ranks of this process, not yet told (under
-    /// the phase lock).
-    receipts: Mutex<usize>,
-    changed: Condvar,
-    waker: Mutex<Option<Waker>>,
-    outputs: Mutex<Outputs>,
-    /// The plan it runs with (`Plan::code`), once chosen.
-    plan: std::sync::atomic::AtomicU64,
-}
-
-impl WorkState {
-    pub(crate) fn new() -> Arc<WorkState> {
-        Arc::new(WorkState {
-            phase: Mutex::new(Phase::Queued),
-            receipts: Mutex::new(0),
-            changed: Condvar::new(),
-            waker: Mutex::new(None),
-            outputs: Mutex::new(Outputs::default()),
-            plan: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
-    /// Hands the finished op's outputs to its `Work` (before its phase
-    /// says so); dropped at once when the `Work` is gone, so that their
-    /// buffers go back to the pool for the next op.
-    pub(crate) fn put_outputs(&self, tensors: Vec<Tensor>, table: Option<SplitTable>) {
-        let mut o = lock(&self.outputs);
-        if o.abandoned {
-            drop(o);
-            drop(tensors);
-        } else {
-            o.tensors = tensors;
-            o.table = table;
-        }
-    }
-
-    fn take_outputs(&self) -> Vec<Tensor> {
-        std::mem::take(&mut lock(&self.outputs).tensors)
-    }
-
-    /// The `Work` is gone: nobody will read the outputs.
-    fn abandon(&self) {
-        let mut o = lock(&self.outputs);
-        o.abandoned = true;
-        let tensors = std::mem::take(&mut o.tensors);
-        drop(o);
-        drop(tensors);
-    }
-
-    /// Moves to `p`, unless the work has already failed (a receiver may
-    /// refuse a send before its host steps are done).
-    fn set(&self, p: Phase) {
-        let mut now = lock(&self.phase);
-        if matches!(*now, Phase::Failed(_)) {
-            return;
-        }
-        *now = p;
-        drop(now);
-        self.wake();
-    }
-
-    /// The planner chose `plan` (a group keeps its first call's).
-    pub(crate) fn planned(&self, plan: Plan) {
-        use std::sync::atomic::Ordering;
-        let _ = self.plan.compare_exchange(
-            0,
-            Plan::code(Some(plan)),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-    }
-
-    pub(crate) fn start(&self) {
-        self.set(Phase::Running(Instant::now()));
-    }
-
-    pub(crate) fn issued(&self, idx: Ticket) {
-        self.set(Phase::Issued(idx));
-    }
-
-    pub(crate) fn fail(&self, e: Error) {
-        self.set(Phase::Failed(e));
-    }
-
-    /// Called when the device reports the final submission done. A work
-    /// with receipts still to come waits for them.
-    pub(crate) fn gpu_done(&self) {
-        let mut p = lock(&self.phase);
-        if matches!(*p, Phase::Issued(_)) {
-            *p = if *lock(&self.receipts) > 0 {
-                Phase::Unreceipted
-            } else {
-                Phase::Done
-            };
-            drop(p);
-            self.wake();
-        }
-    }
-
-    /// One more receipt to wait for (a send's, made before it is posted).
-    pub(crate) fn expect_receipt(&self) {
-        let _p = lock(&self.phase);
-        let mut r = lock(&self.receipts);
-        *r = r.saturating_add(1);
-    }
-
-    /// A receiver's verdict on one of this work's sends: the last one
-    /// taken completes a work the device is done with; a refusal fails it.
-    pub(crate) fn receipt(&self, verdict: Result<()>) {
-        let mut p = lock(&self.phase);
-        let left = {
-            let mut r = lock(&self.receipts);
-            *r = r.saturating_sub(1);
-            *r
-        };
-        match (verdict, &*p) {
-            (_, Phase::Done | Phase::Failed(_)) => return,
-            (Err(e), _) => *p = Phase::Failed(e),
-            (Ok(()), Phase::Unreceipted) if left == 0 => *p = Phase::Done,
-            (Ok(()), _) => return,
-        }
-        drop(p);
-        self.wake();
-    }
-
-    fn wake(&self) {
-        self.changed.notify_all();
-        if let Some(w) = lock(&self.waker).take() {
-            w.wake();
-        }
-    }
-
-    fn phase(&self) -> Phase {
-        lock(&self.phase).clone()
-    }
-}
+use crate::runtime::work_state::{Phase, WorkState};
 
 /// An asynchronous collective in flight: wait on it (or `.await` it) to get
 /// its output.
@@ -191,7 +31,7 @@ impl WorkState {
 pub struct Work {
     state: Arc<WorkState>,
     /// Length and dtype of the first output.
-    shape: (usize, crate::api::tensor::DType),
+    shape: (usize, crate::dtype::DType),
     dev: Arc<RankDevice>,
     health: Arc<Health>,
     fp: Fingerprint,
@@ -208,7 +48,7 @@ impl std::fmt::Debug for Work {
 impl Work {
     pub(crate) fn new(
         state: Arc<WorkState>,
-        shape: (usize, crate::api::tensor::DType),
+        shape: (usize, crate::dtype::DType),
         dev: Arc<RankDevice>,
         health: Arc<Health>,
         fp: Fingerprint,
@@ -291,7 +131,7 @@ impl Work {
     /// ([`Communicator::flight_record`](crate::Communicator::flight_record))
     /// keeps each call's plan.
     pub fn plan(&self) -> Option<Plan> {
-        Plan::from_code(self.state.plan.load(std::sync::atomic::Ordering::Acquire))
+        self.state.plan()
     }
 
     /// Whether the collective has finished (successfully or not). Never blocks.

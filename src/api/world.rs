@@ -9,17 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::api::comm::{
-    Communicator, Reach, keep_unwound_links, panic_message, release_unwound_links,
-};
+use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
 use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
-use crate::error::{Error, Result};
-use crate::runtime::cost::{Algorithm, CostModel, Rates, Tuning};
+use crate::error::{Error, Result, panic_message};
+use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::flight::FlightRecord;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
-use crate::runtime::plan::Plan;
+use crate::runtime::plan::{Plan, Tuning};
 use crate::transport::local::mesh;
 
 /// Most ranks a world may have.

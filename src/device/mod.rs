@@ -16,6 +16,7 @@
 pub(crate) mod direct;
 pub(crate) mod kernels;
 mod owner;
+pub(crate) mod tensor;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

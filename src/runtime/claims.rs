@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 
-use crate::api::tensor::Tensor;
 use crate::device::lock;
+use crate::device::tensor::Tensor;
 use crate::error::{Error, Result};
 use crate::runtime::health::Waiter;
 

@@ -6,9 +6,12 @@
 //! Each variant carries exactly what its call has: a barrier has no dtype,
 //! an all_to_all has its counts (not a length), a split its color and key.
 
-use crate::api::tensor::DType;
+use crate::device::tensor::DType;
 use crate::op::ReduceOp;
 use crate::runtime::fingerprint::{Fingerprint, Kind};
+
+/// What `split` exchanges: every parent rank's (color, key), in parent rank order.
+pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
 
 /// One collective, as one rank called it.
 #[derive(Debug, Clone, PartialEq, Eq)]

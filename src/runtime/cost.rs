@@ -9,11 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::api::tensor::DType;
 use crate::device::RankDevice;
+use crate::device::tensor::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::plan::Plan;
 
 /// Which all-reduce algorithm runs: the coarse choice, as `NCCL_ALGO`
 /// names one. [`Plan`] is the finer one (which ring, which device); a
@@ -59,20 +58,6 @@ impl Algorithm {
             Algorithm::Direct => "direct",
         }
     }
-}
-
-/// What the planner (`runtime/plan.rs`) chooses from: what the user
-/// forced, and figures measured on rank 0's device that every rank shares.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Tuning {
-    pub algorithm: Algorithm,
-    /// A plan forced by the user, for the collectives that offer it.
-    pub plan: Option<Plan>,
-    pub cost: CostModel,
-    pub rates: Rates,
-    /// Whether the ring between ranks of their own devices folds on the
-    /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
-    pub host_fold: bool,
 }
 
 /// Two bandwidths the cost model's hop figures do not cover: host memory
@@ -131,71 +116,6 @@ impl Rates {
     }
 }
 
-impl Tuning {
-    /// The figures every rank must decide from, as words (processes agree
-    /// on rank 0's: see `from_words`).
-    #[cfg(feature = "mpi")]
-    pub(crate) fn to_words(&self) -> Vec<u64> {
-        let mut w = self.cost.to_words().to_vec();
-        w.extend([
-            self.rates.host.to_bits(),
-            self.rates.device.to_bits(),
-            u64::from(self.host_fold),
-        ]);
-        w
-    }
-
-    /// This tuning with the figures `words` (from `to_words`) give.
-    #[cfg(feature = "mpi")]
-    pub(crate) fn from_words(self, words: &[u64]) -> Option<Tuning> {
-        match words {
-            [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
-                cost: CostModel::from_words(&[*c0, *c1, *c2])?,
-                rates: Rates {
-                    host: f64::from_bits(*host),
-                    device: f64::from_bits(*device),
-                },
-                host_fold: *fold != 0,
-                ..self
-            }),
-            _ => None,
-        }
-    }
-
-    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
-    /// `plan`; `None` for a plan all-reduce does not offer.
-    pub(crate) fn price(&self, plan: Plan, n: usize, bytes: usize) -> Option<Duration> {
-        let c = &self.cost;
-        match plan {
-            Plan::DeviceRing => Some(c.ring_all_reduce(n, bytes)),
-            Plan::OneShot => Some(c.one_shot_all_reduce(n, bytes)),
-            Plan::HostRing => {
-                if n < 2 {
-                    return Some(Duration::ZERO);
-                }
-                // Down and up once, then the ring's 2(n-1) steps of S/n
-                // and n-1 folds of S/n, all in host memory.
-                let s = bytes as f64;
-                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
-                Some(seconds(
-                    c.alpha.as_secs_f64() + s / c.beta + steps / self.rates.host,
-                ))
-            }
-            Plan::Direct => {
-                // One submission: a kernel per part reads n inputs and
-                // writes n outputs on the device.
-                let moved = 2.0 * n as f64 * bytes as f64;
-                Some(seconds(
-                    c.alpha.as_secs_f64()
-                        + n as f64 * c.dispatch.as_secs_f64()
-                        + moved / (2.0 * self.rates.device),
-                ))
-            }
-            _ => None,
-        }
-    }
-}
-
 /// An alpha-beta model of one hop between ranks, plus the fixed cost of
 /// one reduction dispatch (which the one-shot pays n(n-1) times).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -208,7 +128,7 @@ pub struct CostModel {
     pub dispatch: Duration,
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
@@ -355,6 +275,6 @@ impl CostModel {
 
 /// An estimate in seconds as a `Duration`: negative or NaN is zero, too
 /// large is `Duration::MAX` (a model with a zero bandwidth, say).
-fn seconds(s: f64) -> Duration {
+pub(crate) fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
 }

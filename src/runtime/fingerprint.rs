@@ -6,7 +6,7 @@
 //! at once with both sides in the error, instead of reducing the wrong
 //! bytes or waiting forever for a packet that will never come.
 
-use crate::api::tensor::DType;
+use crate::device::tensor::DType;
 use crate::op::ReduceOp;
 
 /// The kinds of collective.

@@ -14,3 +14,4 @@ pub(crate) mod plan;
 pub(crate) mod profile;
 pub(crate) mod progress;
 pub(crate) mod shared;
+pub(crate) mod work_state;

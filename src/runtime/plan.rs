@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use crate::runtime::collective::Collective;
-use crate::runtime::cost::{Algorithm, Tuning};
+use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
 use crate::runtime::fingerprint::Kind;
 
 /// How one collective runs. [`Work::plan`](crate::Work::plan) says which
@@ -115,6 +115,85 @@ impl Plan {
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// What the planner (`runtime/plan.rs`) chooses from: what the user
+/// forced, and figures measured on rank 0's device that every rank shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Tuning {
+    pub algorithm: Algorithm,
+    /// A plan forced by the user, for the collectives that offer it.
+    pub plan: Option<Plan>,
+    pub cost: CostModel,
+    pub rates: Rates,
+    /// Whether the ring between ranks of their own devices folds on the
+    /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
+    pub host_fold: bool,
+}
+
+impl Tuning {
+    /// The figures every rank must decide from, as words (processes agree
+    /// on rank 0's: see `from_words`).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn to_words(&self) -> Vec<u64> {
+        let mut w = self.cost.to_words().to_vec();
+        w.extend([
+            self.rates.host.to_bits(),
+            self.rates.device.to_bits(),
+            u64::from(self.host_fold),
+        ]);
+        w
+    }
+
+    /// This tuning with the figures `words` (from `to_words`) give.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn from_words(self, words: &[u64]) -> Option<Tuning> {
+        match words {
+            [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
+                cost: CostModel::from_words(&[*c0, *c1, *c2])?,
+                rates: Rates {
+                    host: f64::from_bits(*host),
+                    device: f64::from_bits(*device),
+                },
+                host_fold: *fold != 0,
+                ..self
+            }),
+            _ => None,
+        }
+    }
+
+    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
+    /// `plan`; `None` for a plan all-reduce does not offer.
+    pub(crate) fn price(&self, plan: Plan, n: usize, bytes: usize) -> Option<Duration> {
+        let c = &self.cost;
+        match plan {
+            Plan::DeviceRing => Some(c.ring_all_reduce(n, bytes)),
+            Plan::OneShot => Some(c.one_shot_all_reduce(n, bytes)),
+            Plan::HostRing => {
+                if n < 2 {
+                    return Some(Duration::ZERO);
+                }
+                // Down and up once, then the ring's 2(n-1) steps of S/n
+                // and n-1 folds of S/n, all in host memory.
+                let s = bytes as f64;
+                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64() + s / c.beta + steps / self.rates.host,
+                ))
+            }
+            Plan::Direct => {
+                // One submission: a kernel per part reads n inputs and
+                // writes n outputs on the device.
+                let moved = 2.0 * n as f64 * bytes as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64()
+                        + n as f64 * c.dispatch.as_secs_f64()
+                        + moved / (2.0 * self.rates.device),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 

@@ -16,21 +16,21 @@ use crossbeam::channel::Receiver;
 use crate::algo::fold::HostFold;
 use crate::algo::host::HostSteps;
 use crate::algo::{chain, oneshot, p2p, pairwise, prims::Prims, ring, star};
-use crate::api::tensor::{DType, Tensor};
-use crate::api::work::WorkState;
+use crate::device::tensor::{DType, Tensor};
 use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
-use crate::runtime::collective::Collective;
-use crate::runtime::cost::Tuning;
+use crate::runtime::collective::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
 use crate::runtime::health::{Health, Waiter};
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
+use crate::runtime::plan::Tuning;
 use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::shared;
+use crate::runtime::work_state::WorkState;
 use crate::transport::{Body, Lane, Receipt, Stager, Verdict};
 
 /// Ops queued or running on a progress thread. Waiting for it to drain
@@ -78,9 +78,6 @@ impl Inflight {
         true
     }
 }
-
-/// What `split` exchanges: every parent rank's (color, key), in parent rank order.
-pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
 
 /// An op's output: the caller's tensor (in place), or a new one that the
 /// progress thread takes from the device's pool when the op starts. Taking
@@ -212,7 +209,7 @@ impl Progress {
                 Err(Error::device(
                     self.rank,
                     scratch.failed_seq(),
-                    format!("internal error: {}", crate::api::comm::panic_message(&p)),
+                    format!("internal error: {}", crate::error::panic_message(&p)),
                 ))
             });
             // Let go of the tensors before anyone hears the op is done: a

@@ -18,16 +18,16 @@ use std::sync::Arc;
 
 use crate::algo::direct::Steps;
 use crate::algo::part_words;
-use crate::api::tensor::{DType, Tensor};
+use crate::device::tensor::{DType, Tensor};
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
-use crate::runtime::cost::Tuning;
+use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Waiter;
+use crate::runtime::plan::Tuning;
 use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
-use crate::runtime::progress::SplitTable;
 use crate::transport::shared::Meeting;
 
 /// What a rank brings to the meeting.

@@ -1,0 +1,147 @@
+//! The layers hold: a module uses only the layers below its own.
+//!
+//! `api/` (what users call) sits on `runtime/` (one collective's life),
+//! which sits on `algo/` (schedules), `transport/` (moving bytes) and
+//! `device/` (one device's owner). The test reads every source file under
+//! `src/` and fails, naming the file and the line, when a module names a
+//! layer it may not: nothing below `api/` may name `api`, `device/` names
+//! none of the layers above it, `transport/` none but `device/`.
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.expect("a directory entry").path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The top-level modules a line of code names through `crate::`
+/// (`crate::api::x`, `crate::{api::x, device}`), comments left out.
+fn named_modules(line: &str) -> Vec<String> {
+    let code = line.split("//").next().unwrap_or("");
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The group's top-level names, up to its closing brace.
+            let mut depth = 0usize;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(head(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 || c != '{' {
+                    item.push(c);
+                }
+            }
+            out.push(head(&item));
+        } else {
+            out.push(head(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+/// The first path segment of `s`.
+fn head(s: &str) -> String {
+    s.trim()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The lines of `file` (under `src/`) that name a layer its own may not
+/// use, as `path:line: text`.
+fn violations(src: &Path, file: &Path, text: &str) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap_or(file);
+    let layer = rel
+        .components()
+        .next()
+        .and_then(|c| c.as_os_str().to_str())
+        .unwrap_or("");
+    let forbidden: &[&str] = match layer {
+        "runtime" | "algo" => &["api", "graph", "bench"],
+        "transport" => &["api", "graph", "bench", "runtime", "algo"],
+        "device" => &["api", "graph", "bench", "runtime", "algo", "transport"],
+        _ => &[],
+    };
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        // Unit tests inside a module may reach anywhere.
+        if line.trim_start().starts_with("#[cfg(test)]") {
+            break;
+        }
+        for m in named_modules(line) {
+            if forbidden.contains(&m.as_str()) {
+                out.push(format!(
+                    "{}:{}: {layer}/ names {m}: {}",
+                    rel.display(),
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_module_names_a_layer_above_its_own() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut bad = Vec::new();
+    for file in sources(&src) {
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        bad.extend(violations(&src, &file, &text));
+    }
+    assert!(bad.is_empty(), "layers crossed:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_check_sees_an_import_from_api_in_every_lower_layer() {
+    let src = Path::new("/src");
+    for layer in ["runtime", "algo", "transport", "device"] {
+        let file = src.join(layer).join("x.rs");
+        for text in [
+            "use crate::api::tensor::Tensor;",
+            "use crate::{api::work::Work, error::Result};",
+            "    let t: crate::api::Thing = todo();",
+        ] {
+            let v = violations(src, &file, text);
+            assert_eq!(v.len(), 1, "{layer}: {text}: {v:?}");
+        }
+        // Comments and the layer's own names are not imports.
+        for text in [
+            "// see crate::api::comm",
+            "use crate::error::Result;",
+            "/// [`Work`](crate::Work)",
+        ] {
+            assert!(violations(src, &file, text).is_empty(), "{layer}: {text}");
+        }
+    }
+    // api/ may use everything below it.
+    let file = src.join("api").join("x.rs");
+    assert!(violations(src, &file, "use crate::runtime::plan::Plan;").is_empty());
+}
