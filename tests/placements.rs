@@ -193,7 +193,9 @@ fn one_device_given_for_every_rank_is_shared_and_too_many_inputs_fall_back() {
     // 3 ranks: 6 bindings fit wgpu's default 8, so the direct kernels run;
     // 8 ranks: 16 (or even 9) do not, so the host schedules run instead.
     for n in [3usize, 8] {
-        let w = World::from_devices(one_user_device(n), WorldConfig::new(n)).expect("world");
+        // Auto, whatever WGPU_COLLECTIVES_PLACEMENT says: the devices decide.
+        let config = WorldConfig::new(n).with_placement(Placement::Auto);
+        let w = World::from_devices(one_user_device(n), config).expect("world");
         assert_eq!(w.placement(), Placement::SharedDevice, "{n} ranks");
         let got = w
             .run(|c| -> Result<(Vec<f32>, Vec<i32>), Error> {
