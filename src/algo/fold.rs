@@ -39,9 +39,14 @@ impl HostFold {
         };
         match self.dtype {
             DType::F32 => {
+                // NaN is made canonical on the last step only, as the
+                // kernels' `last` does: steps before it keep a NaN a NaN.
                 match self.op {
-                    ReduceOp::Prod => words(dst, src, |a, b| {
+                    ReduceOp::Prod if last => words(dst, src, |a, b| {
                         canon(f32::from_bits(a) * f32::from_bits(b)).to_bits()
+                    }),
+                    ReduceOp::Prod => words(dst, src, |a, b| {
+                        (f32::from_bits(a) * f32::from_bits(b)).to_bits()
                     }),
                     ReduceOp::Min => words(dst, src, |a, b| {
                         nan_min(f32::from_bits(a), f32::from_bits(b)).to_bits()
@@ -49,12 +54,16 @@ impl HostFold {
                     ReduceOp::Max => words(dst, src, |a, b| {
                         nan_max(f32::from_bits(a), f32::from_bits(b)).to_bits()
                     }),
-                    _ => words(dst, src, |a, b| {
+                    _ if last && divisor == 0 => words(dst, src, |a, b| {
                         canon(f32::from_bits(a) + f32::from_bits(b)).to_bits()
+                    }),
+                    _ => words(dst, src, |a, b| {
+                        (f32::from_bits(a) + f32::from_bits(b)).to_bits()
                     }),
                 }
                 if divisor != 0 {
                     let n = divisor as f32;
+                    // Only the last step divides.
                     each_word(dst, |a| canon(f32::from_bits(a) / n).to_bits());
                 }
             }
@@ -89,7 +98,7 @@ impl HostFold {
                 dst,
                 src,
                 self.op,
-                divisor,
+                (divisor, last),
                 |h| half::f16::from_bits(h).to_f32(),
                 |v| half::f16::from_f32(v).to_bits(),
             ),
@@ -97,7 +106,7 @@ impl HostFold {
                 dst,
                 src,
                 self.op,
-                divisor,
+                (divisor, last),
                 |h| half::bf16::from_bits(h).to_f32(),
                 |v| half::bf16::from_f32(v).to_bits(),
             ),
@@ -107,27 +116,29 @@ impl HostFold {
 
 /// The 16-bit floats' fold, as the kernel's: `lift` to `f32`, combine,
 /// `lower` (rounding to nearest even), and Avg's division after that
-/// rounding.
+/// rounding; on the `last` step, NaN made canonical.
 fn halves_in_f32(
     dst: &mut [u8],
     src: &[u8],
     op: ReduceOp,
-    divisor: u32,
+    (divisor, last): (u32, bool),
     lift: impl Fn(u16) -> f32,
     lower: impl Fn(f32) -> u16,
 ) {
     halves(dst, src, |a, b| {
         let (a, b) = (lift(a), lift(b));
-        let v = lower(match op {
-            ReduceOp::Prod => canon(a * b),
+        let v = match op {
+            ReduceOp::Prod => a * b,
             ReduceOp::Min => nan_min(a, b),
             ReduceOp::Max => nan_max(a, b),
-            _ => canon(a + b),
-        });
-        if divisor == 0 {
-            v
+            _ => a + b,
+        };
+        if divisor != 0 {
+            lower(canon(lift(lower(v)) / divisor as f32))
+        } else if last {
+            lower(canon(v))
         } else {
-            lower(canon(lift(v) / divisor as f32))
+            lower(v)
         }
     })
 }
