@@ -23,6 +23,32 @@ pub(crate) fn after(limit: Duration) -> Instant {
     after_from(Instant::now(), limit)
 }
 
+/// Waits on `changed` (notified whenever the state under `guard` changes)
+/// until `done` holds or `deadline` passes; gives back the guard and
+/// whether `done` held. A poisoned lock is taken as it is: its state is
+/// still what the last holder published. Every condition wait with a
+/// deadline in the engine is this one.
+pub(crate) fn wait_until<'a, T>(
+    changed: &std::sync::Condvar,
+    mut guard: std::sync::MutexGuard<'a, T>,
+    deadline: Instant,
+    mut done: impl FnMut(&mut T) -> bool,
+) -> (std::sync::MutexGuard<'a, T>, bool) {
+    loop {
+        if done(&mut guard) {
+            return (guard, true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return (guard, false);
+        }
+        guard = changed
+            .wait_timeout(guard, deadline.saturating_duration_since(now))
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+}
+
 /// The backstop a caller's wait allows for a collective whose every step is
 /// bounded by `timeout`: twice that and a second, saturating.
 pub(crate) fn backstop(timeout: Duration) -> Duration {

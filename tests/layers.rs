@@ -64,6 +64,88 @@ fn named_modules(line: &str) -> Vec<String> {
     out
 }
 
+/// The modules of `layer` a line names (`crate::runtime::hop::x`,
+/// `crate::runtime::{hop, health::Y}`, `super::hop`), comments left out.
+fn named_in(layer: &str, line: &str) -> Vec<String> {
+    let code = line.split("//").next().unwrap_or("");
+    let mut out = Vec::new();
+    for prefix in [format!("crate::{layer}::"), "super::".to_string()] {
+        let mut rest = code;
+        while let Some(i) = rest.find(&prefix) {
+            rest = &rest[i + prefix.len()..];
+            match rest.strip_prefix('{') {
+                Some(group) => {
+                    let inner = group.split('}').next().unwrap_or("");
+                    out.extend(inner.split(',').map(head));
+                }
+                None => out.push(head(rest)),
+            }
+        }
+    }
+    out.retain(|m| !m.is_empty() && m != "self");
+    out
+}
+
+/// A cycle among the modules of `edges` (module, the modules it names),
+/// as the path that closes it.
+fn cycle(edges: &std::collections::BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        edges: &std::collections::BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            let mut c = path[i..].to_vec();
+            c.push(m.to_string());
+            return Some(c);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for d in edges.get(m).into_iter().flatten() {
+            if let Some(c) = visit(d, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|m| visit(m, edges, &mut Vec::new(), &mut done))
+}
+
+/// Each module of `dir` (a layer's folder) and the modules of the same
+/// layer it names, before its unit tests.
+fn module_graph(dir: &Path, layer: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut edges = std::collections::BTreeMap::new();
+    for file in sources(dir) {
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("")
+            .to_string();
+        if name == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let mut deps: Vec<String> = text
+            .lines()
+            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+            .flat_map(|l| named_in(layer, l))
+            .filter(|d| *d != name && dir.join(format!("{d}.rs")).exists())
+            .collect();
+        deps.sort();
+        deps.dedup();
+        edges.insert(name, deps);
+    }
+    edges
+}
+
 /// The first path segment of `s`.
 fn head(s: &str) -> String {
     s.trim()
@@ -144,4 +226,42 @@ fn the_check_sees_an_import_from_api_in_every_lower_layer() {
     // api/ may use everything below it.
     let file = src.join("api").join("x.rs");
     assert!(violations(src, &file, "use crate::runtime::plan::Plan;").is_empty());
+}
+
+#[test]
+fn no_two_modules_of_the_runtime_name_each_other_even_through_others() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = module_graph(&src.join("runtime"), "runtime");
+    assert!(edges.len() > 10, "the runtime's modules: {edges:?}");
+    if let Some(c) = cycle(&edges) {
+        panic!("runtime/ has a cycle: {}", c.join(" -> "));
+    }
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle_through_three_modules() {
+    let edge = |a: &str, b: &[&str]| (a.to_string(), b.iter().map(|s| s.to_string()).collect());
+    let edges = [
+        edge("a", &["b"]),
+        edge("b", &["c"]),
+        edge("c", &["a"]),
+        edge("d", &[]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        cycle(&edges),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    let edges = [edge("a", &["b"]), edge("b", &["c"]), edge("c", &[])]
+        .into_iter()
+        .collect();
+    assert_eq!(cycle(&edges), None);
+    assert_eq!(
+        named_in(
+            "runtime",
+            "use crate::runtime::{hop, health::Health}; // crate::runtime::x"
+        ),
+        vec!["hop".to_string(), "health".to_string()]
+    );
 }

@@ -22,10 +22,10 @@ use std::time::Instant;
 use crate::device::Ticket;
 use crate::device::kernels::Reducer;
 use crate::error::Result;
-use crate::runtime::health::Waiter;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::{Counters, Timestamps};
+use crate::runtime::waiter::Waiter;
 use crate::transport::{Body, Lane, Loan, Receipt, Stager};
 
 /// A contiguous range of 32-bit words of the working buffer.

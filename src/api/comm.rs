@@ -29,6 +29,7 @@ use crate::runtime::plan::Tuning;
 use crate::runtime::profile::{Counters, Profile};
 use crate::runtime::progress::{Inflight, Item, Op, Output, Progress};
 use crate::runtime::shared;
+use crate::runtime::split::Splits;
 use crate::runtime::work_state::WorkState;
 use crate::transport::Stager;
 
@@ -121,6 +122,7 @@ struct Inner {
     progress: Mutex<Option<JoinHandle<()>>>,
     /// Where the group meets, when its ranks share one device.
     group: Option<Arc<shared::Group>>,
+    splits: Arc<Splits>,
 }
 
 /// One rank's handle to a group of ranks: it makes tensors on the rank's
@@ -161,6 +163,8 @@ impl Call {
 pub(crate) struct Reach {
     pub endpoint: Arc<Link>,
     pub group: Option<Arc<shared::Group>>,
+    /// The group's splits in progress (one registry per group).
+    pub splits: Arc<Splits>,
 }
 
 impl Communicator {
@@ -173,7 +177,11 @@ impl Communicator {
         timeout: Duration,
         tuning: Tuning,
     ) -> Result<Communicator> {
-        let Reach { endpoint, group } = reach;
+        let Reach {
+            endpoint,
+            group,
+            splits,
+        } = reach;
         let (tx, rx) = unbounded();
         let inflight = Arc::new(Inflight::default());
         let counters = Arc::new(Counters::default());
@@ -216,6 +224,7 @@ impl Communicator {
                 tuning,
                 progress: Mutex::new(Some(handle)),
                 group,
+                splits,
             }),
         })
     }
@@ -1338,23 +1347,23 @@ impl Communicator {
                     "split: this rank is missing from its own color",
                 )
             })?;
-        let (endpoint, health, group) = Health::join_split(
-            &self.inner.health,
-            &*self.inner.endpoint,
-            seq,
-            color,
-            &parents,
-            me,
-        )?;
         let inner = &self.inner;
+        let (endpoint, joined) =
+            inner
+                .splits
+                .join(&inner.health, &*inner.endpoint, (seq, color), &parents, me)?;
         // A subset of a group on one device is on that device too.
-        let group = inner.group.as_ref().map(|_| group);
+        let group = inner.group.as_ref().map(|_| joined.group);
         Communicator::new(
             me,
             parents.len(),
             inner.dev.clone(),
-            Reach { endpoint, group },
-            health,
+            Reach {
+                endpoint,
+                group,
+                splits: joined.splits,
+            },
+            joined.health,
             inner.timeout,
             inner.tuning,
         )
@@ -1641,6 +1650,7 @@ impl Communicator {
         if let Some(g) = &inner.group {
             g.clear();
         }
+        inner.splits.clear();
         lock(&inner.issuer).restart();
         Ok(())
     }

@@ -214,12 +214,12 @@ impl Work {
                 };
                 return Err(self.timeout_error(what, start.elapsed()));
             }
-            phase = self
-                .state
-                .changed
-                .wait_timeout(phase, limit.saturating_duration_since(now))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            // Until the phase moves on (or the limit passes: checked above).
+            let was = std::mem::discriminant(&*phase);
+            phase = crate::deadline::wait_until(&self.state.changed, phase, limit, |p| {
+                std::mem::discriminant(p) != was
+            })
+            .0;
         }
     }
 }

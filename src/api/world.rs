@@ -18,6 +18,7 @@ use crate::runtime::flight::FlightRecord;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::{Plan, Tuning};
+use crate::runtime::split::Splits;
 use crate::transport::local::mesh;
 
 /// Most ranks a world may have.
@@ -552,6 +553,7 @@ impl World {
             .collect();
         let health = Health::new(keys, config.flight_depth()?, config.flight_dump());
         let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let splits = Arc::new(Splits::default());
         let comms = links
             .into_iter()
             .zip(devices)
@@ -564,6 +566,7 @@ impl World {
                     Reach {
                         endpoint,
                         group: group.clone(),
+                        splits: splits.clone(),
                     },
                     health.clone(),
                     config.timeout,

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::deadline::wait_until;
 use crate::device::lock;
 
 /// A submission made through the owner: tickets count submissions in
@@ -267,18 +268,10 @@ impl Drop for Owner {
         if on_owner {
             return;
         }
-        while !s.exited {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                // Still polling a device that never finishes: leave it.
-                return;
-            }
-            s = self
-                .signal
-                .changed
-                .wait_timeout(s, deadline.saturating_duration_since(now))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+        let (s, exited) = wait_until(&self.signal.changed, s, deadline, |s| s.exited);
+        if !exited {
+            // Still polling a device that never finishes: leave it.
+            return;
         }
         drop(s);
         if let Some(t) = self.thread.take() {

@@ -14,10 +14,10 @@
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 
+use crate::deadline::Patience;
 use crate::device::lock;
 use crate::device::tensor::Tensor;
 use crate::error::{Error, Result};
-use crate::runtime::health::Waiter;
 
 /// One rank's tensors in one call.
 struct Arrival {
@@ -78,19 +78,21 @@ impl Claims {
         lock(&self.boards).clear();
     }
 
-    /// Posts what `w`'s rank reads and writes in its call, waits for its
+    /// Posts what `w`'s rank reads and writes in its call (`call`, as
+    /// errors name it), waits for its
     /// co-device peers' posts of the same call, and fails with
     /// `InvalidArgument` (on every one of them alike) when a rank writes
     /// bytes another one touches. Returns at once on a rank alone on its
     /// device.
     pub(crate) fn check(
         &self,
-        w: &Waiter<'_>,
+        w: &Patience<'_>,
+        call: &dyn std::fmt::Display,
         ins: &[Tensor],
         outs: &[Tensor],
         writes: bool,
     ) -> Result<()> {
-        let (rank, seq) = (w.rank, w.fp.seq);
+        let (rank, seq) = (w.rank, w.seq);
         let peers: Vec<usize> = self.peers(rank).collect();
         if peers.is_empty() {
             return Ok(());
@@ -132,10 +134,24 @@ impl Claims {
         );
         match waited {
             Ok(None) => Ok(()),
-            Ok(Some(why)) => Err(Error::invalid(rank, format!("{}: {why}", w.fp))),
+            Ok(Some(why)) => Err(Error::invalid(rank, format!("{call}: {why}"))),
             Err(e) => {
-                // Nobody will read this call's verdict: take the post back.
                 let mut boards = lock(&self.boards);
+                // Every post arrived, and a peer that read the verdict
+                // first has failed the group with it: this rank reports
+                // the same verdict, not the peer's failure.
+                if let Some(b) = boards.get_mut(&seq).filter(|b| b.arrivals.len() >= members) {
+                    let verdict = clash(&b.arrivals);
+                    b.read = b.read.saturating_add(1);
+                    if b.read >= members {
+                        boards.remove(&seq);
+                    }
+                    if let Some(why) = verdict {
+                        return Err(Error::invalid(rank, format!("{call}: {why}")));
+                    }
+                    return Err(e);
+                }
+                // Nobody will read this call's verdict: take the post back.
                 if let Some(b) = boards.get_mut(&seq) {
                     b.arrivals.remove(&rank);
                     if b.arrivals.is_empty() {

@@ -7,18 +7,14 @@
 //! then fail within a tick, with an error that names the rank that failed
 //! and why, instead of hanging until their timeout.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use crate::deadline::{Patience, Watch};
-use crate::device::{RankDevice, lock};
+use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::claims::Claims;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::{Flight, FlightRecord};
-use crate::runtime::hop::Link;
 
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
@@ -30,8 +26,6 @@ pub(crate) struct Health {
     /// For a group made by `split`: the parent group and each rank's rank
     /// in it. A parent's failures and departures are this group's too.
     parent: Option<(Arc<Health>, Vec<usize>)>,
-    /// Groups being formed by `split`, until every member has joined.
-    forming: Mutex<HashMap<(u64, u32), Forming>>,
     /// Where the first failure writes the flight record (JSON), if anywhere.
     dump: Option<std::path::PathBuf>,
     /// Tells ranks in other processes of a failure first recorded here.
@@ -47,14 +41,6 @@ pub(crate) struct Health {
 /// other processes): the run it happened in (see `Health::runs`), the
 /// rank that failed, and its error.
 pub(crate) type Announce = Box<dyn Fn(u32, usize, &Error) + Send + Sync>;
-
-/// A group one `split` is forming: its links, and its shared record.
-struct Forming {
-    endpoints: Vec<Option<Arc<Link>>>,
-    health: Arc<Health>,
-    /// Where the new group meets, should its ranks share one device.
-    group: Arc<crate::runtime::shared::Group>,
-}
 
 #[derive(Clone)]
 struct Failure {
@@ -78,14 +64,15 @@ impl Health {
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, depth),
             parent: None,
-            forming: Mutex::new(HashMap::new()),
             dump,
             announce: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
-    fn with_parent(ranks: usize, parent: (Arc<Health>, Vec<usize>)) -> Health {
+    /// The record of a group made by `split` out of `parent`'s ranks
+    /// (`parent.1[r]`: rank r's rank there).
+    pub(crate) fn with_parent(ranks: usize, parent: (Arc<Health>, Vec<usize>)) -> Health {
         Health {
             claims: Claims::new(parent.0.claims.devices_of(&parent.1)),
             failure: Mutex::new(None),
@@ -93,7 +80,6 @@ impl Health {
             flight: Flight::new(ranks, parent.0.flight.depth()),
             dump: parent.0.dump.clone(),
             parent: Some(parent),
-            forming: Mutex::new(HashMap::new()),
             announce: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
         }
@@ -141,41 +127,6 @@ impl Health {
         } else {
             tracing::info!(path = ?name, "flight record written");
         }
-    }
-
-    /// Joins the group that `split` number `seq` forms for `color` out of
-    /// `parents` (ranks here, in the new group's order), as its rank `me`:
-    /// the first member to arrive makes the group's links.
-    pub(crate) fn join_split(
-        this: &Arc<Health>,
-        link: &Link,
-        seq: u64,
-        color: u32,
-        parents: &[usize],
-        me: usize,
-    ) -> Result<(Arc<Link>, Arc<Health>, Arc<crate::runtime::shared::Group>)> {
-        let mut forming = lock(&this.forming);
-        let f = forming.entry((seq, color)).or_insert_with(|| Forming {
-            endpoints: link.split(seq, color, parents),
-            health: Arc::new(Health::with_parent(
-                parents.len(),
-                (this.clone(), parents.to_vec()),
-            )),
-            group: Arc::new(crate::runtime::shared::Group::new(parents.len())),
-        });
-        let endpoint = f
-            .endpoints
-            .get_mut(me)
-            .and_then(Option::take)
-            .ok_or_else(|| Error::InvalidArgument {
-                rank: Some(parents.get(me).copied().unwrap_or(me)),
-                what: format!("split #{seq}: rank {me} of color {color} joined twice"),
-            })?;
-        let (health, group) = (f.health.clone(), f.group.clone());
-        if f.endpoints.iter().all(Option::is_none) {
-            forming.remove(&(seq, color));
-        }
-        Ok((endpoint, health, group))
     }
 
     /// Marks `rank` as finished for good (until the next run).
@@ -261,7 +212,6 @@ impl Health {
         drop(f);
         self.clear_gone();
         self.flight.clear();
-        lock(&self.forming).clear();
         self.claims.clear();
     }
 
@@ -384,70 +334,5 @@ impl Health {
                 flight: self.flight.report(),
             },
         })
-    }
-}
-
-/// Blocking waits made on behalf of one collective on one rank: each lasts
-/// at most the configured timeout, and gives up within a tick when a peer
-/// fails.
-pub(crate) struct Waiter<'a> {
-    pub dev: &'a RankDevice,
-    pub health: &'a Health,
-    /// This rank in the communicator.
-    pub rank: usize,
-    pub fp: Fingerprint,
-    pub timeout: Duration,
-}
-
-impl Waiter<'_> {
-    /// The same waits, as the layers below see them (see `deadline::Watch`).
-    pub(crate) fn patience(&self) -> Patience<'_> {
-        Patience {
-            rank: self.rank,
-            seq: self.fp.seq,
-            timeout: self.timeout,
-            watch: self,
-        }
-    }
-
-    /// Repeats `attempt` until it yields, see [`Patience::until`].
-    pub(crate) fn until<T>(
-        &self,
-        what: impl Fn() -> String,
-        attempt: impl FnMut(Duration) -> Result<Option<T>>,
-    ) -> Result<T> {
-        self.patience().until(what, attempt)
-    }
-
-    pub(crate) fn device_error(&self, what: String) -> Error {
-        Error::device(self.rank, Some(self.fp.seq), what)
-    }
-
-    /// `peer` failed this collective first, because of `reason`.
-    pub(crate) fn peer_failed(&self, peer: usize, reason: String) -> Error {
-        Error::PeerFailed {
-            rank: self.rank,
-            seq: self.fp.seq,
-            doing: self.fp.to_string(),
-            peer,
-            reason,
-            flight: self.health.flight.report(),
-        }
-    }
-}
-
-impl Watch for Waiter<'_> {
-    fn check(&self) -> Result<()> {
-        self.health.check(self.rank, &self.fp)
-    }
-
-    fn timed_out(&self, what: String, after: Duration) -> Error {
-        Error::Timeout {
-            rank: self.rank,
-            seq: self.fp.seq,
-            what,
-            after,
-            flight: self.health.flight.report(),
-        }
     }
 }

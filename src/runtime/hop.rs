@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
-use crate::runtime::health::Waiter;
+use crate::runtime::waiter::Waiter;
 use crate::transport::local::LoanError;
 use crate::transport::{Body, Lane, Loan, Transport, Verdict};
 

@@ -14,4 +14,6 @@ pub(crate) mod plan;
 pub(crate) mod profile;
 pub(crate) mod progress;
 pub(crate) mod shared;
+pub(crate) mod split;
+pub(crate) mod waiter;
 pub(crate) mod work_state;

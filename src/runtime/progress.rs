@@ -23,13 +23,14 @@ use crate::op::ReduceOp;
 use crate::runtime::collective::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
-use crate::runtime::health::{Health, Waiter};
+use crate::runtime::health::Health;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::plan::Tuning;
 use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
 use crate::runtime::shared;
+use crate::runtime::waiter::Waiter;
 use crate::runtime::work_state::WorkState;
 use crate::transport::{Body, Lane, Receipt, Stager, Verdict};
 
@@ -63,19 +64,7 @@ impl Inflight {
     /// Waits until no op is queued or running, or `deadline` passes;
     /// whether it drained.
     pub(crate) fn wait_idle(&self, deadline: std::time::Instant) -> bool {
-        let mut c = lock(&self.count);
-        while *c > 0 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            c = self
-                .idle
-                .wait_timeout(c, deadline.saturating_duration_since(now))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        true
+        crate::deadline::wait_until(&self.idle, lock(&self.count), deadline, |c| *c == 0).1
     }
 }
 
@@ -376,9 +365,13 @@ impl Progress {
             handshake(&*self.endpoint, &waiter, n)?;
             // Ranks that share this device, each with its own progress,
             // agree that none writes bytes another touches.
-            self.health
-                .claims
-                .check(&waiter, &op.inputs, outs, op.what.writes_output(r))?;
+            self.health.claims.check(
+                &waiter.patience(),
+                &op.fp,
+                &op.inputs,
+                outs,
+                op.what.writes_output(r),
+            )?;
         }
         let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
             (Some(o), Some(dtype)) if n > 1 => {

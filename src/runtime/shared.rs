@@ -24,10 +24,10 @@ use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
 use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
-use crate::runtime::health::Waiter;
 use crate::runtime::plan::Tuning;
 use crate::runtime::plan::{self, Plan};
 use crate::runtime::profile::{Counters, Timestamps};
+use crate::runtime::waiter::Waiter;
 use crate::transport::shared::Meeting;
 
 /// What a rank brings to the meeting.
