@@ -7,13 +7,13 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::{Prims, slices};
+use crate::algo::steps::{Steps, slices};
 use crate::error::Result;
 
 /// Broadcasts the first `words` words of the root's working buffer into
 /// every rank's.
-pub(crate) fn broadcast(p: &mut Prims, root: usize, words: usize) -> Result<()> {
-    let n = p.nranks;
+pub(crate) fn broadcast(p: &mut impl Steps, root: usize, words: usize) -> Result<()> {
+    let n = p.nranks();
     if n == 1 || words == 0 {
         return Ok(());
     }
@@ -32,8 +32,8 @@ pub(crate) fn broadcast(p: &mut Prims, root: usize, words: usize) -> Result<()> 
 
 /// Reduces the first `words` words of every rank's working buffer into the
 /// root's; the others keep the partial reduction they forwarded.
-pub(crate) fn reduce(p: &mut Prims, root: usize, words: usize) -> Result<()> {
-    let n = p.nranks;
+pub(crate) fn reduce(p: &mut impl Steps, root: usize, words: usize) -> Result<()> {
+    let n = p.nranks();
     if n == 1 || words == 0 {
         return Ok(());
     }

@@ -22,10 +22,10 @@
 
 use crate::device::RankDevice;
 use crate::device::direct::{DirectReducer, Fold, Order, Window, fits};
+use crate::device::timestamps::Timestamps;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::profile::Timestamps;
 
 /// The largest reduce-scatter input that takes one dispatch. Its kernel
 /// picks each row's output with a `switch`, which on lavapipe moved 16 and

@@ -1,8 +1,10 @@
 //! Collective algorithms, each a schedule of primitive steps.
 //!
-//! [`prims::Prims`] holds the primitives (NCCL's names: `send`,
-//! `recv_reduce_send`, `recv_reduce_copy_send`, `recv_copy_send`, `recv`);
-//! each algorithm file is only the order in which a rank calls them:
+//! [`steps`] names the primitives (NCCL's names: `send`,
+//! `recv_reduce_send`, `recv_reduce_copy_send`, `recv_copy_send`, `recv`)
+//! as traits the runtime implements (`runtime/prims.rs`); each algorithm
+//! file is only the order in which a rank calls them, so it runs (and is
+//! tested) on anything that takes the steps:
 //! `ring` for all-reduce, all-gather, reduce-scatter and barrier, `oneshot`
 //! for small all-reduces, `chain`
 //! for the rooted broadcast and reduce, `pairwise` for all-to-all, `star`
@@ -11,13 +13,12 @@
 pub(crate) mod chain;
 pub(crate) mod direct;
 pub(crate) mod fold;
-pub(crate) mod host;
 pub(crate) mod oneshot;
 pub(crate) mod p2p;
 pub(crate) mod pairwise;
-pub(crate) mod prims;
 pub(crate) mod ring;
 pub(crate) mod star;
+pub(crate) mod steps;
 
 /// Bytes every part of an all-reduce starts on a multiple of: 256, the
 /// largest storage-binding offset alignment WebGPU lets an adapter ask

@@ -11,35 +11,35 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::{Prims, Span};
+use crate::algo::steps::{Span, Steps};
 use crate::error::Result;
 
 /// All-reduces the first `words` words of the working buffer, using
 /// `all` (room for n x `stride` words) for every rank's contribution.
 pub(crate) fn all_reduce(
-    p: &mut Prims,
+    p: &mut impl Steps,
     all: &wgpu::Buffer,
     stride: usize,
     words: usize,
 ) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+    let (n, r) = (p.nranks(), p.rank());
     if n == 1 || words == 0 {
         return Ok(());
     }
     p.reserve(words)?;
-    let out = p.buf.clone();
+    let out = p.buffer();
     let whole = Span { off: 0, words };
 
     // Out: this rank's input to every peer.
     let mine = p.fetch(whole)?;
     for k in 1..n {
-        let mut d = p.link.buffer();
+        let mut d = p.empty_packet();
         d.extend_from_slice(&mine);
         p.post((r + k) % n, d)?;
     }
 
     // In: every rank's contribution side by side, rank j at word j * stride.
-    p.buf = all.clone();
+    p.set_buffer(all.clone());
     for j in 0..n {
         let data = if j == r {
             None
@@ -61,7 +61,7 @@ pub(crate) fn all_reduce(
     p.recycle(mine);
 
     // Reduce: chunk c as the ring would, from rank c+1 round to rank c.
-    p.buf = out.clone();
+    p.set_buffer(out.clone());
     let chunk = super::part_words(words, n);
     let mut enc = p.encoder();
     for c in 0..n {

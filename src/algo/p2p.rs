@@ -22,7 +22,7 @@
     reason = "schedule index math: every offset and length lies within a tensor whose byte size was checked when it was made"
 )]
 
-use crate::algo::prims::{Prims, Span, slices};
+use crate::algo::steps::{Span, Steps, slices};
 use crate::error::Result;
 use crate::transport::{Body, Resident};
 
@@ -38,13 +38,13 @@ fn packets(words: usize) -> impl Iterator<Item = Span> {
 /// Sends `spans` of the working buffer to `peer` through the host, a
 /// packet each (an empty span: an empty packet).
 pub(crate) fn send_spans(
-    p: &mut Prims,
+    p: &mut impl Steps,
     peer: usize,
     spans: impl Iterator<Item = Span>,
 ) -> Result<()> {
     for span in spans {
         let data = if span.words == 0 {
-            p.link.buffer()
+            p.empty_packet()
         } else {
             p.fetch(span)?
         };
@@ -55,7 +55,7 @@ pub(crate) fn send_spans(
 
 /// Receives a packet from `peer` into each of `spans` of the working buffer.
 pub(crate) fn recv_spans(
-    p: &mut Prims,
+    p: &mut impl Steps,
     peer: usize,
     spans: impl Iterator<Item = Span>,
 ) -> Result<()> {
@@ -67,7 +67,7 @@ pub(crate) fn recv_spans(
 
 /// Sends the first `words` words of the working buffer to `peer` through
 /// the host.
-pub(crate) fn send(p: &mut Prims, peer: usize, words: usize) -> Result<()> {
+pub(crate) fn send(p: &mut impl Steps, peer: usize, words: usize) -> Result<()> {
     p.reserve(SLICE_WORDS.min(words))?;
     send_spans(p, peer, packets(words))
 }
@@ -76,14 +76,14 @@ pub(crate) fn send(p: &mut Prims, peer: usize, words: usize) -> Result<()> {
 /// on the same device, through `copy` (a buffer of at least that size,
 /// kept from its pool by `hold` until the receiver lets go).
 pub(crate) fn send_on_device(
-    p: &mut Prims,
+    p: &mut impl Steps,
     peer: usize,
     words: usize,
     copy: wgpu::Buffer,
     hold: Box<dyn std::any::Any + Send>,
 ) -> Result<()> {
     let bytes = (words * 4) as u64;
-    let src = p.buf.clone();
+    let src = p.buffer();
     p.copy(&src, 0, &copy, 0, bytes)?;
     p.post_body(
         peer,
@@ -97,7 +97,7 @@ pub(crate) fn send_on_device(
 
 /// Receives `words` words from `peer` into the start of the working
 /// buffer, sent by [`send`] or, when `on_device`, by [`send_on_device`].
-pub(crate) fn recv(p: &mut Prims, peer: usize, words: usize, on_device: bool) -> Result<()> {
+pub(crate) fn recv(p: &mut impl Steps, peer: usize, words: usize, on_device: bool) -> Result<()> {
     if on_device {
         return p.recv_from(peer, Span { off: 0, words });
     }

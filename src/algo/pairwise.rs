@@ -12,15 +12,15 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::Prims;
-use crate::error::{Error, Result};
+use crate::algo::steps::Steps;
+use crate::error::Result;
 
 /// Exchanges pieces: rank `r` sends `send[j]` elements (from offset
 /// `sum(send[..j])`) to rank `j` and receives `recv[j]` from it.
 /// `in_bytes` and `out_bytes` are the padded sizes of the input (the
 /// working buffer on entry) and of `out`.
 pub(crate) fn all_to_all(
-    p: &mut Prims,
+    p: &mut impl Steps,
     elem: usize,
     send: &[usize],
     recv: &[usize],
@@ -28,11 +28,11 @@ pub(crate) fn all_to_all(
     out: &wgpu::Buffer,
     out_bytes: usize,
 ) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+    let (n, r) = (p.nranks(), p.rank());
     let peers = (1..n).map(|k| (r + k) % n);
 
     for j in peers.clone() {
-        let mut d = p.link.buffer();
+        let mut d = p.empty_packet();
         d.extend_from_slice(&(send[j] as u64).to_le_bytes());
         p.post(j, d)?;
     }
@@ -41,14 +41,12 @@ pub(crate) fn all_to_all(
         let theirs = u64::from_le_bytes(d[..8].try_into().unwrap_or([0; 8])) as usize;
         p.recycle(d);
         if theirs != recv[j] {
-            return Err(Error::Mismatch {
-                rank: r,
-                seq: p.w.fp.seq,
-                ours: format!("{} expecting {} elements from rank {j}", p.w.fp, recv[j]),
-                peer: j,
-                theirs: format!("{} sending {theirs} elements to rank {r}", p.w.fp),
-                flight: p.w.health.flight.report(),
-            });
+            let call = p.call();
+            return Err(p.mismatch(
+                j,
+                format!("{call} expecting {} elements from rank {j}", recv[j]),
+                format!("{call} sending {theirs} elements to rank {r}"),
+            ));
         }
     }
 
@@ -69,7 +67,7 @@ pub(crate) fn all_to_all(
     };
     let (send_off, recv_off) = (offsets(send), offsets(recv));
     for j in peers.clone() {
-        let mut d = p.link.buffer();
+        let mut d = p.empty_packet();
         d.extend_from_slice(&input[send_off[j]..send_off[j] + send[j] * elem]);
         p.post(j, d)?;
     }
@@ -82,7 +80,7 @@ pub(crate) fn all_to_all(
         p.recycle(d);
     }
     if out_bytes > 0 {
-        p.buf = out.clone();
+        p.set_buffer(out.clone());
         p.upload_image(&image)?;
     }
     Ok(())

@@ -13,13 +13,14 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
-use crate::algo::prims::{Prims, RingSteps, Span};
+use crate::algo::steps::{RingSteps, Span, Steps};
 use crate::error::Result;
 
 /// All-reduces the first `words` words of the working buffer: reduce-scatter
 /// then all-gather, 2(n-1) steps per round. The same schedule runs on the
-/// device ([`Prims`]) or, where the tensor stays on the host for the whole
-/// ring, on a host image (`algo/host.rs`): the packets are the same.
+/// device (`runtime/prims.rs`) or, where the tensor stays on the host for
+/// the whole ring, on a host image (`runtime/host_ring.rs`): the packets
+/// are the same.
 pub(crate) fn all_reduce(p: &mut impl RingSteps, words: usize) -> Result<()> {
     let (n, r) = (p.nranks(), p.rank());
     if n == 1 || words == 0 {
@@ -63,8 +64,8 @@ pub(crate) fn all_reduce(p: &mut impl RingSteps, words: usize) -> Result<()> {
 
 /// All-gathers segments of `seg` words: segment `j` lives at word `j * seg`
 /// of the working buffer, and this rank's own segment is already in place.
-pub(crate) fn all_gather(p: &mut Prims, seg: usize) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+pub(crate) fn all_gather(p: &mut impl Steps, seg: usize) -> Result<()> {
+    let (n, r) = (p.nranks(), p.rank());
     if n == 1 || seg == 0 {
         return Ok(());
     }
@@ -90,8 +91,8 @@ pub(crate) fn all_gather(p: &mut Prims, seg: usize) -> Result<()> {
 /// Reduce-scatters `n` chunks of `chunk` words, chunk `c` at word
 /// `c * slot` (`slot` a multiple of the alignment): afterwards this rank's
 /// own chunk holds the final reduction. n-1 steps per round.
-pub(crate) fn reduce_scatter(p: &mut Prims, slot: usize, chunk: usize) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+pub(crate) fn reduce_scatter(p: &mut impl Steps, slot: usize, chunk: usize) -> Result<()> {
+    let (n, r) = (p.nranks(), p.rank());
     if n == 1 || chunk == 0 {
         return Ok(());
     }
@@ -116,9 +117,117 @@ pub(crate) fn reduce_scatter(p: &mut Prims, slot: usize, chunk: usize) -> Result
 
 /// A barrier: n-1 relays of a token round the ring, after which every rank
 /// has heard (through its neighbours) from every other.
-pub(crate) fn barrier(p: &mut Prims) -> Result<()> {
-    for _ in 1..p.nranks {
+pub(crate) fn barrier(p: &mut impl Steps) -> Result<()> {
+    for _ in 1..p.nranks() {
         p.relay()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::algo::steps::RingSteps;
+
+    /// Records the steps a rank takes, with no runtime behind them.
+    struct Recorder {
+        rank: usize,
+        n: usize,
+        step: usize,
+        log: Vec<(&'static str, Span)>,
+    }
+
+    impl RingSteps for Recorder {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn nranks(&self) -> usize {
+            self.n
+        }
+        fn step_words(&self, remaining: usize, _parts: usize) -> usize {
+            self.step.min(remaining).max(1)
+        }
+        fn reserve(&mut self, _words: usize) -> Result<()> {
+            Ok(())
+        }
+        fn send(&mut self, span: Span) -> Result<()> {
+            self.log.push(("send", span));
+            Ok(())
+        }
+        fn recv_reduce_send(&mut self, span: Span) -> Result<()> {
+            self.log.push(("recv_reduce_send", span));
+            Ok(())
+        }
+        fn recv_reduce_copy_send(&mut self, span: Span) -> Result<()> {
+            self.log.push(("recv_reduce_copy_send", span));
+            Ok(())
+        }
+        fn recv_copy_send(&mut self, span: Span) -> Result<()> {
+            self.log.push(("recv_copy_send", span));
+            Ok(())
+        }
+        fn recv(&mut self, span: Span) -> Result<()> {
+            self.log.push(("recv", span));
+            Ok(())
+        }
+    }
+
+    fn run(rank: usize, n: usize, step: usize, words: usize) -> Vec<(&'static str, Span)> {
+        let mut r = Recorder {
+            rank,
+            n,
+            step,
+            log: Vec::new(),
+        };
+        all_reduce(&mut r, words).unwrap();
+        r.log
+    }
+
+    #[test]
+    fn all_reduce_takes_nccls_steps_part_by_part() {
+        // 3 ranks, 3 parts of 64 words (the alignment), one round.
+        let (n, words) = (3, 192);
+        let q = crate::algo::part_words(words, n);
+        assert_eq!(q, 64);
+        let part = |c: usize| Span {
+            off: c * q,
+            words: q,
+        };
+        for r in 0..n {
+            let ring = |k: usize| (r + k) % n;
+            assert_eq!(
+                run(r, n, q, words),
+                vec![
+                    ("send", part(ring(2))),
+                    ("recv_reduce_send", part(ring(1))),
+                    ("recv_reduce_copy_send", part(r)),
+                    ("recv_copy_send", part(ring(2))),
+                    ("recv", part(ring(1))),
+                ],
+                "rank {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn rounds_take_slice_k_of_every_part_and_the_last_part_may_be_short() {
+        // 2 ranks, 130 words: parts of 128 (aligned) and 2; steps of 64.
+        let log = run(0, 2, 64, 130);
+        let spans: Vec<(usize, usize)> = log.iter().map(|(_, s)| (s.off, s.words)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                // Round 0: slice 0 of part 1 (words 128..130), then of part 0.
+                (128, 2),
+                (0, 64),
+                (128, 2),
+                // Round 1: slice 1 of part 1 is empty, of part 0 words 64..128.
+                (130, 0),
+                (64, 64),
+                (130, 0),
+            ]
+        );
+        assert!(run(0, 1, 64, 100).is_empty(), "one rank takes no step");
+    }
 }

@@ -13,7 +13,7 @@
 )]
 
 use crate::algo::p2p::{SLICE_WORDS, recv_spans, send_spans};
-use crate::algo::prims::{Prims, Span, slices};
+use crate::algo::steps::{Span, Steps, slices};
 use crate::error::Result;
 
 /// The other ranks, from the one after `root` on.
@@ -32,22 +32,22 @@ fn piece(j: usize, words: usize) -> impl Iterator<Item = Span> {
 /// Gathers every rank's `bytes` bytes of `x` into the root's `out`, rank
 /// after rank (`out` is not touched elsewhere).
 pub(crate) fn gather(
-    p: &mut Prims,
+    p: &mut impl Steps,
     root: usize,
     x: &wgpu::Buffer,
     out: &wgpu::Buffer,
     bytes: usize,
 ) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+    let (n, r) = (p.nranks(), p.rank());
     let words = bytes.div_ceil(4);
     p.reserve(SLICE_WORDS.min(words))?;
     if r != root {
-        p.buf = x.clone();
+        p.set_buffer(x.clone());
         return send_spans(p, root, slices(SLICE_WORDS, words));
     }
     if bytes % 4 == 0 {
         p.copy(x, 0, out, (r * bytes) as u64, bytes as u64)?;
-        p.buf = out.clone();
+        p.set_buffer(out.clone());
         for j in others(root, n) {
             // Rank j's piece of the output, received from it in place.
             recv_spans(p, j, piece(j, words))?;
@@ -55,7 +55,7 @@ pub(crate) fn gather(
         return Ok(());
     }
     let mut image = vec![0u8; (n * bytes).next_multiple_of(4)];
-    p.buf = x.clone();
+    p.set_buffer(x.clone());
     let own = p.download_image(words * 4)?;
     image[r * bytes..(r + 1) * bytes].copy_from_slice(&own[..bytes]);
     for j in others(root, n) {
@@ -67,34 +67,34 @@ pub(crate) fn gather(
             p.recycle(data);
         }
     }
-    p.buf = out.clone();
+    p.set_buffer(out.clone());
     p.upload_image(&image)
 }
 
 /// Scatters the root's `x` (n pieces of `bytes` bytes) so that rank j's
 /// `out` gets piece j (`x` is not read elsewhere).
 pub(crate) fn scatter(
-    p: &mut Prims,
+    p: &mut impl Steps,
     root: usize,
     x: &wgpu::Buffer,
     out: &wgpu::Buffer,
     bytes: usize,
 ) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
+    let (n, r) = (p.nranks(), p.rank());
     let words = bytes.div_ceil(4);
     p.reserve(SLICE_WORDS.min(words))?;
     if r != root {
-        p.buf = out.clone();
+        p.set_buffer(out.clone());
         return recv_spans(p, root, slices(SLICE_WORDS, words));
     }
     if bytes % 4 == 0 {
-        p.buf = x.clone();
+        p.set_buffer(x.clone());
         for j in others(root, n) {
             send_spans(p, j, piece(j, words))?;
         }
         return p.copy(x, (r * bytes) as u64, out, 0, bytes as u64);
     }
-    p.buf = x.clone();
+    p.set_buffer(x.clone());
     let image = p.download_image((n * bytes).next_multiple_of(4))?;
     let cut = |j: usize| {
         let mut v = image[j * bytes..(j + 1) * bytes].to_vec();
@@ -104,11 +104,11 @@ pub(crate) fn scatter(
     for j in others(root, n) {
         let whole = cut(j);
         for s in slices(SLICE_WORDS, words) {
-            let mut data = p.link.buffer();
+            let mut data = p.empty_packet();
             data.extend_from_slice(&whole[s.off * 4..(s.off + s.words) * 4]);
             p.post(j, data)?;
         }
     }
-    p.buf = out.clone();
+    p.set_buffer(out.clone());
     p.upload_image(&cut(r))
 }

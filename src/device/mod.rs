@@ -17,6 +17,7 @@ pub(crate) mod direct;
 pub(crate) mod kernels;
 mod owner;
 pub(crate) mod tensor;
+pub(crate) mod timestamps;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -15,18 +15,18 @@ use crate::error::Result;
 use crate::op::ReduceOp;
 
 /// Which all-reduce algorithm runs: the coarse choice, as `NCCL_ALGO`
-/// names one. [`Plan`] is the finer one (which ring, which device); a
+/// names one. [`Plan`](crate::Plan) is the finer one (which ring, which device); a
 /// forced plan wins over a forced algorithm. More may come, so matches
 /// need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// The planner's choice for each call ([`Plan`]).
+    /// The planner's choice for each call ([`Plan`](crate::Plan)).
     Auto,
     /// Ring: reduce-scatter then all-gather, 2(n-1) hops of S/n each;
-    /// the ring the planner would run ([`Plan::HostRing`] between ranks
+    /// the ring the planner would run ([`Plan::HostRing`](crate::Plan::HostRing) between ranks
     /// with devices of their own on a CPU adapter, else
-    /// [`Plan::DeviceRing`]).
+    /// [`Plan::DeviceRing`](crate::Plan::DeviceRing)).
     Ring,
     /// One shot: every rank sends its whole input to every other and
     /// reduces all n contributions itself (2 round trips, n x the bytes).

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::algo::direct::Steps;
 use crate::algo::part_words;
 use crate::device::tensor::{DType, Tensor};
+use crate::device::timestamps::Timestamps;
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
@@ -26,7 +27,7 @@ use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::plan::Tuning;
 use crate::runtime::plan::{self, Plan};
-use crate::runtime::profile::{Counters, Timestamps};
+use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
 use crate::transport::shared::Meeting;
 

@@ -9,8 +9,9 @@
 )]
 
 use crate::algo::fold::HostFold;
-use crate::algo::prims::{Prims, RingSteps, Span, reduce_step};
+use crate::algo::steps::{RingSteps, Span, reduce_step};
 use crate::error::Result;
+use crate::runtime::prims::Prims;
 
 /// Ring steps over `image`, a host copy of the working buffer.
 pub(crate) struct HostSteps<'p, 'a> {

@@ -19,63 +19,104 @@
 
 use std::time::Instant;
 
+use crate::algo::steps::{RingSteps, Span, Steps, reduce_step};
 use crate::device::Ticket;
 use crate::device::kernels::Reducer;
-use crate::error::Result;
+use crate::device::timestamps::Timestamps;
+use crate::error::{Error, Result};
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
-use crate::runtime::profile::{Counters, Timestamps};
+use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
 use crate::transport::{Body, Lane, Loan, Receipt, Stager};
-
-/// A contiguous range of 32-bit words of the working buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Span {
-    pub off: usize,
-    pub words: usize,
-}
-
-impl Span {
-    fn offset(self) -> u64 {
-        self.off as u64 * 4
-    }
-    pub(crate) fn bytes(self) -> usize {
-        self.words * 4
-    }
-    /// The span's bytes within a host image of the buffer.
-    pub(crate) fn range(self) -> std::ops::Range<usize> {
-        self.off * 4..(self.off + self.words) * 4
-    }
-}
-
-/// The spans of `words` words, `step` words each (the last may be shorter).
-pub(crate) fn slices(step: usize, words: usize) -> impl Iterator<Item = Span> {
-    (0..words).step_by(step.max(1)).map(move |off| Span {
-        off,
-        words: step.min(words - off),
-    })
-}
 
 /// Largest slice moved in one step. Big enough that per-step overheads (a
 /// submission, a fence wait, a map) are small next to the copy, small
 /// enough that the ring pipelines on tensors of a few MiB.
 const SLICE_BYTES: u64 = 1 << 20;
 
-/// The steps a ring schedule is written in (NCCL's primitive names), so
-/// that one schedule runs on the device ([`Prims`]) or on a host image
-/// (`algo/host.rs`).
-pub(crate) trait RingSteps {
-    fn rank(&self) -> usize;
-    fn nranks(&self) -> usize;
-    /// Words per step (see [`Prims::step_words`]).
-    fn step_words(&self, remaining: usize, parts: usize) -> usize;
-    /// Readies staging for steps of up to `words`.
-    fn reserve(&mut self, words: usize) -> Result<()>;
-    fn send(&mut self, span: Span) -> Result<()>;
-    fn recv_reduce_send(&mut self, span: Span) -> Result<()>;
-    fn recv_reduce_copy_send(&mut self, span: Span) -> Result<()>;
-    fn recv_copy_send(&mut self, span: Span) -> Result<()>;
-    fn recv(&mut self, span: Span) -> Result<()>;
+impl Steps for Prims<'_> {
+    fn recv_reduce(&mut self, span: Span) -> Result<()> {
+        Prims::recv_reduce(self, span)
+    }
+    fn relay(&mut self) -> Result<()> {
+        Prims::relay(self)
+    }
+    fn recv_from(&mut self, peer: usize, span: Span) -> Result<()> {
+        Prims::recv_from(self, peer, span)
+    }
+    fn buffer(&self) -> wgpu::Buffer {
+        self.buf.clone()
+    }
+    fn set_buffer(&mut self, buffer: wgpu::Buffer) {
+        self.buf = buffer;
+    }
+    fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        Prims::copy(self, src, src_off, dst, dst_off, bytes)
+    }
+    fn fetch(&mut self, span: Span) -> Result<Vec<u8>> {
+        Prims::fetch(self, span)
+    }
+    fn store(&mut self, span: Span, data: &[u8]) -> Result<()> {
+        Prims::store(self, span, data)
+    }
+    fn empty_packet(&self) -> Vec<u8> {
+        self.link.buffer()
+    }
+    fn post(&mut self, peer: usize, data: Vec<u8>) -> Result<()> {
+        Prims::post(self, peer, data)
+    }
+    fn post_body(&mut self, peer: usize, body: Body) -> Result<()> {
+        Prims::post_body(self, peer, body)
+    }
+    fn take(&mut self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
+        Prims::take(self, peer, bytes)
+    }
+    fn recycle(&self, data: Vec<u8>) {
+        Prims::recycle(self, data)
+    }
+    fn download_image(&mut self, bytes: usize) -> Result<Vec<u8>> {
+        Prims::download_image(self, bytes)
+    }
+    fn upload_image(&mut self, image: &[u8]) -> Result<()> {
+        Prims::upload_image(self, image)
+    }
+    fn encoder(&self) -> wgpu::CommandEncoder {
+        Prims::encoder(self)
+    }
+    fn encode_reduce(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        span: Span,
+        src: &wgpu::Buffer,
+        src_word: usize,
+        last: bool,
+    ) -> Result<()> {
+        Prims::encode_reduce(self, enc, span, src, src_word, last)
+    }
+    fn submit_steps(&mut self, enc: wgpu::CommandEncoder) -> Result<()> {
+        Prims::submit_steps(self, enc)
+    }
+    fn call(&self) -> String {
+        self.w.fp.to_string()
+    }
+    fn mismatch(&self, peer: usize, ours: String, theirs: String) -> Error {
+        Error::Mismatch {
+            rank: self.w.rank,
+            seq: self.w.fp.seq,
+            ours,
+            peer,
+            theirs,
+            flight: self.w.health.flight.report(),
+        }
+    }
 }
 
 impl RingSteps for Prims<'_> {
@@ -105,16 +146,6 @@ impl RingSteps for Prims<'_> {
     }
     fn recv(&mut self, span: Span) -> Result<()> {
         Prims::recv(self, span)
-    }
-}
-
-/// The name of a reduction step, for the trace: `last`, the final fold;
-/// `forward`, the result goes on to the next rank.
-pub(crate) fn reduce_step(last: bool, forward: bool) -> &'static str {
-    match (last, forward) {
-        (false, _) => "recv_reduce_send",
-        (true, true) => "recv_reduce_copy_send",
-        (true, false) => "recv_reduce",
     }
 }
 
