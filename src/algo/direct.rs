@@ -28,11 +28,10 @@ use crate::error::Result;
 use crate::op::ReduceOp;
 
 /// The largest reduce-scatter input that takes one dispatch. Its kernel
-/// picks each row's output with a `switch`, which on lavapipe moved 16 and
-/// 64 MiB 5-10% slower than a dispatch per chunk (10.9-11.7 against
-/// 10.0-10.5 ms, 43-45 against 38-41 ms, 4 ranks), while at 1 and 4 MiB
-/// the saved dispatches win (0.74-1.14 against 1.15-1.24 ms, 2.3-2.5
-/// against 2.5-2.8 ms).
+/// picks each row's output with a `switch`: fewer dispatches win at small
+/// sizes, while at large ones the `switch` moves bytes slower than a
+/// dispatch per chunk. A rule measured on lavapipe with 4 ranks (figures
+/// in docs/performance.md), not yet on a GPU.
 const SCATTER_IN_ONE_MAX: u64 = 8 << 20;
 
 /// One collective's device steps for the whole group, recorded into one

@@ -1,6 +1,7 @@
 //! What users call: the world of ranks, communicators, tensors and the
 //! handles collectives return.
 
+pub(crate) mod bootstrap;
 pub(crate) mod comm;
 pub(crate) mod group;
 pub(crate) mod placement;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
 use crate::api::placement::Placement;
 use crate::device::{RankDevice, Wants};
@@ -188,7 +189,6 @@ impl WorldConfig {
         self.ranks
     }
 
-    #[cfg(feature = "mpi")]
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -250,13 +250,13 @@ impl WorldConfig {
         })
     }
 
-    fn backends(&self) -> wgpu::Backends {
+    pub(crate) fn backends(&self) -> wgpu::Backends {
         self.backends
             .or_else(wgpu::Backends::from_env)
             .unwrap_or(wgpu::Backends::PRIMARY)
     }
 
-    fn adapter_name(&self) -> Option<String> {
+    pub(crate) fn adapter_name(&self) -> Option<String> {
         self.adapter_name
             .clone()
             .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
@@ -353,32 +353,7 @@ impl World {
     pub fn new(config: WorldConfig) -> Result<World> {
         check(&config)?;
         let (instance, adapters) = find_adapters(&config)?;
-        let wants = config.wants();
-        let placement = config.placement()?;
-        let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(config.ranks);
-        // The device already made on each adapter, for ranks to share.
-        let mut on_adapter: Vec<Option<Arc<RankDevice>>> = vec![None; adapters.len()];
-        for rank in 0..config.ranks {
-            let at = match placement {
-                Placement::SharedDevice => 0,
-                _ => rank.checked_rem(adapters.len()).unwrap_or(0),
-            };
-            let adapter = adapters.get(at).ok_or_else(|| Error::NoAdapter {
-                backends: format!("{:?}", config.backends()),
-                name: String::new(),
-            })?;
-            let shared = on_adapter.get(at).and_then(Option::as_ref);
-            let dev = match (placement, shared) {
-                (Placement::DevicePerRank, _) | (_, None) => {
-                    RankDevice::new(rank, adapter, config.timeout, &wants)?
-                }
-                (_, Some(d)) => d.share(rank),
-            };
-            if let Some(slot @ None) = on_adapter.get_mut(at) {
-                *slot = Some(dev.clone());
-            }
-            devices.push(dev);
-        }
+        let devices = devices_on(&adapters, 0..config.ranks, config.placement()?, &config)?;
         Self::assemble(Some(instance), devices, &config)
     }
 
@@ -426,16 +401,7 @@ impl World {
                 ),
             });
         }
-        // The same device given for several ranks is shared by them: one
-        // owner per device, whatever the placement.
-        let mut made: Vec<Arc<RankDevice>> = Vec::with_capacity(devices.len());
-        for (rank, (device, queue)) in devices.into_iter().enumerate() {
-            let dev = match made.iter().find(|d| d.device == device) {
-                Some(d) => d.share(rank),
-                None => RankDevice::adopt(rank, device, queue, config.timeout)?,
-            };
-            made.push(dev);
-        }
+        let made = adopt(devices, config.timeout)?;
         Self::assemble(None, made, &config)
     }
 
@@ -802,49 +768,6 @@ fn transport_name(placement: Placement) -> &'static str {
         Placement::SharedDevice => "shared device (kernels read peers' buffers, no host copy)",
         _ => "in-process channels, host staging",
     }
-}
-
-pub(crate) fn check(config: &WorldConfig) -> Result<()> {
-    let n = config.ranks;
-    if n == 0 || n > MAX_RANKS {
-        return Err(Error::InvalidArgument {
-            rank: None,
-            what: format!("a world needs 1 to {MAX_RANKS} ranks, got {n}"),
-        });
-    }
-    if config.timeout.is_zero() {
-        return Err(Error::InvalidArgument {
-            rank: None,
-            what: "the timeout must be longer than zero".into(),
-        });
-    }
-    Ok(())
-}
-
-pub(crate) fn find_adapters(config: &WorldConfig) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>)> {
-    let backends = config.backends();
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
-    desc.backends = backends;
-    let instance = wgpu::Instance::new(desc);
-    let mut all = pollster::block_on(instance.enumerate_adapters(backends));
-    let name = config.adapter_name();
-    if let Some(name) = &name {
-        let needle = name.to_lowercase();
-        all.retain(|a| a.get_info().name.to_lowercase().contains(&needle));
-    }
-    let is_cpu = |a: &wgpu::Adapter| a.get_info().device_type == wgpu::DeviceType::Cpu;
-    if all.iter().any(|a| !is_cpu(a)) {
-        all.retain(|a| !is_cpu(a));
-    }
-    if all.is_empty() {
-        return Err(Error::NoAdapter {
-            backends: format!("{backends:?}"),
-            name: name
-                .map(|n| format!(", name containing {n:?}"))
-                .unwrap_or_default(),
-        });
-    }
-    Ok((instance, all))
 }
 
 #[cfg(test)]

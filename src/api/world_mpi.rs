@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use crossbeam::channel::RecvTimeoutError;
 
+use crate::api::bootstrap::{check, devices_on, find_adapters};
 use crate::api::placement::Placement;
-use crate::api::world::{MAX_RANKS, World, WorldConfig, check, find_adapters};
-use crate::device::{RankDevice, lock};
+use crate::api::world::{MAX_RANKS, World, WorldConfig};
+use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
@@ -160,29 +161,11 @@ impl World {
         let base = process.saturating_mul(local);
 
         let (_instance, adapters) = find_adapters(&config)?;
-        let wants = config.wants();
         // Ranks of this process on one adapter share its device (one
         // owner, one queue), unless the placement asks for a device each;
         // either way hops between them go through host staging.
-        let per_rank = config.placement()? == Placement::DevicePerRank;
-        let mut on_adapter: Vec<Option<Arc<RankDevice>>> = vec![None; adapters.len()];
-        let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(local);
-        for l in 0..local {
-            let rank = base.saturating_add(l);
-            let at = l.checked_rem(adapters.len()).unwrap_or(0);
-            let adapter = adapters.get(at).ok_or_else(|| Error::NoAdapter {
-                backends: String::new(),
-                name: String::new(),
-            })?;
-            let dev = match on_adapter.get(at).and_then(Option::as_ref) {
-                Some(d) if !per_rank => d.share(rank),
-                _ => RankDevice::new(rank, adapter, config.timeout(), &wants)?,
-            };
-            if let Some(slot @ None) = on_adapter.get_mut(at) {
-                *slot = Some(dev.clone());
-            }
-            devices.push(dev);
-        }
+        let ranks = base..base.saturating_add(local);
+        let devices = devices_on(&adapters, ranks, config.placement()?, &config)?;
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
             rank: None,
             what: "a world needs at least one rank".into(),
@@ -191,12 +174,12 @@ impl World {
         // (its cost model, and whether its adapter folds on the host).
         let measured = config.tuning(first)?;
         let figures = hub
-            .all_gather(measured.to_words(), config.timeout())
+            .all_gather(measured.figures(), config.timeout())
             .map_err(|what| Error::Transport {
                 process: Some(process),
                 what,
             })?;
-        let tuning = measured.from_words(&figures).unwrap_or(measured);
+        let tuning = measured.with_figures(&figures).unwrap_or(measured);
 
         let group = split_id(u64::MAX, number, u32::MAX);
         let layout = Layout {

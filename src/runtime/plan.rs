@@ -134,9 +134,9 @@ pub(crate) struct Tuning {
 
 impl Tuning {
     /// The figures every rank must decide from, as words (processes agree
-    /// on rank 0's: see `from_words`).
+    /// on rank 0's: see `with_figures`).
     #[cfg(feature = "mpi")]
-    pub(crate) fn to_words(&self) -> Vec<u64> {
+    pub(crate) fn figures(&self) -> Vec<u64> {
         let mut w = self.cost.to_words().to_vec();
         w.extend([
             self.rates.host.to_bits(),
@@ -146,9 +146,9 @@ impl Tuning {
         w
     }
 
-    /// This tuning with the figures `words` (from `to_words`) give.
+    /// This tuning with the figures `words` (from `figures`) give.
     #[cfg(feature = "mpi")]
-    pub(crate) fn from_words(self, words: &[u64]) -> Option<Tuning> {
+    pub(crate) fn with_figures(self, words: &[u64]) -> Option<Tuning> {
         match words {
             [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
                 cost: CostModel::from_words(&[*c0, *c1, *c2])?,
