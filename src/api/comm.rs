@@ -22,6 +22,8 @@ use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::Collective;
+use crate::runtime::collectives::Units;
+use crate::runtime::collectives::broadcast::Broadcast;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -772,11 +774,11 @@ impl Communicator {
         self.check_root(root)?;
         let out = self.dest(x, dest, x.len(), true)?;
         Ok(Call::one(
-            Collective::Broadcast {
+            Collective::Unit(Units::Broadcast(Broadcast {
                 dtype: x.dtype(),
                 len: x.len(),
                 root,
-            },
+            })),
             x,
             out,
         ))

@@ -8,7 +8,9 @@
 
 use crate::device::tensor::DType;
 use crate::op::ReduceOp;
+use crate::runtime::collectives::Units;
 use crate::runtime::fingerprint::{Fingerprint, Kind};
+use crate::runtime::plan::{self, Plan};
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
 pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
@@ -31,11 +33,6 @@ pub(crate) enum Collective {
         /// Elements of the input (n times the output's).
         len: usize,
         op: ReduceOp,
-    },
-    Broadcast {
-        dtype: DType,
-        len: usize,
-        root: usize,
     },
     Reduce {
         dtype: DType,
@@ -94,6 +91,8 @@ pub(crate) enum Collective {
         len: usize,
         peer: usize,
     },
+    /// A collective written as a unit (`runtime/collectives/`).
+    Unit(Units),
 }
 
 impl Collective {
@@ -102,7 +101,6 @@ impl Collective {
             Collective::AllReduce { .. } => Kind::AllReduce,
             Collective::AllGather { .. } => Kind::AllGather,
             Collective::ReduceScatter { .. } => Kind::ReduceScatter,
-            Collective::Broadcast { .. } => Kind::Broadcast,
             Collective::Reduce { .. } => Kind::Reduce,
             Collective::AllToAll { .. } => Kind::AllToAll,
             Collective::Barrier => Kind::Barrier,
@@ -114,6 +112,7 @@ impl Collective {
             Collective::Scatter { .. } => Kind::Scatter,
             Collective::Send { .. } => Kind::Send,
             Collective::Recv { .. } => Kind::Recv,
+            Collective::Unit(u) => u.unit().kind(),
         }
     }
 
@@ -123,7 +122,6 @@ impl Collective {
             Collective::AllReduce { dtype, .. }
             | Collective::AllGather { dtype, .. }
             | Collective::ReduceScatter { dtype, .. }
-            | Collective::Broadcast { dtype, .. }
             | Collective::Reduce { dtype, .. }
             | Collective::AllToAll { dtype, .. }
             | Collective::AllReduceCoalesced { dtype, .. }
@@ -133,6 +131,7 @@ impl Collective {
             | Collective::Scatter { dtype, .. }
             | Collective::Send { dtype, .. }
             | Collective::Recv { dtype, .. } => Some(*dtype),
+            Collective::Unit(u) => Some(u.unit().dtype()),
             Collective::Barrier | Collective::Split { .. } => None,
         }
     }
@@ -145,6 +144,7 @@ impl Collective {
             | Collective::Reduce { op, .. }
             | Collective::AllReduceCoalesced { op, .. }
             | Collective::ReduceScatterCoalesced { op, .. } => Some(*op),
+            Collective::Unit(u) => u.unit().op(),
             _ => None,
         }
     }
@@ -154,7 +154,16 @@ impl Collective {
     pub(crate) fn writes_output(&self, rank: usize) -> bool {
         match self {
             Collective::Gather { root, .. } => rank == *root,
+            Collective::Unit(u) => u.unit().writes_output(rank),
             _ => true,
+        }
+    }
+
+    /// The plans it offers, `Direct` first when it offers it.
+    pub(crate) fn plans(&self) -> &'static [Plan] {
+        match self {
+            Collective::Unit(u) => u.unit().plans(),
+            _ => plan::offered(self.kind()),
         }
     }
 
@@ -175,8 +184,7 @@ impl Collective {
             | Collective::ReduceScatter { len, .. }
             | Collective::Send { len, .. }
             | Collective::Recv { len, .. } => (Some(*len), None, 0),
-            Collective::Broadcast { len, root, .. }
-            | Collective::Reduce { len, root, .. }
+            Collective::Reduce { len, root, .. }
             | Collective::Gather { len, root, .. }
             | Collective::Scatter { len, root, .. } => (Some(*len), Some(*root), 0),
             Collective::AllReduceCoalesced { lens, .. }
@@ -188,6 +196,10 @@ impl Collective {
             ),
             Collective::AllToAll { .. } | Collective::Barrier | Collective::Split { .. } => {
                 (None, None, 0)
+            }
+            Collective::Unit(u) => {
+                let c = u.unit().compared();
+                (c.len, c.root, c.shape)
             }
         };
         Fingerprint {

@@ -9,48 +9,52 @@
 use crate::device::tensor::DType;
 use crate::op::ReduceOp;
 
-/// The kinds of collective.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    Broadcast,
-    Reduce,
-    AllToAll,
-    Barrier,
-    AllReduceCoalesced,
-    AllGatherCoalesced,
-    ReduceScatterCoalesced,
-    Split,
-    Gather,
-    Scatter,
+/// Declares the kinds of collective from one list: the enum, each one's
+/// name, and the wire order (`Kind::ALL`).
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $kind:ident => $name:literal,)*) => {
+        /// The kinds of collective.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Kind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl Kind {
+            /// Every kind, in the order of their wire codes.
+            #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+            pub(crate) const ALL: &'static [Kind] = &[$(Kind::$kind,)*];
+
+            pub(crate) fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $name,)*
+                }
+            }
+        }
+    };
+}
+
+// The list of collectives: adding one adds its line here (new ones last,
+// so that the wire codes of the others stay).
+kinds! {
+    AllReduce => "all_reduce",
+    AllGather => "all_gather",
+    ReduceScatter => "reduce_scatter",
+    Broadcast => "broadcast",
+    Reduce => "reduce",
+    AllToAll => "all_to_all",
+    Barrier => "barrier",
+    AllReduceCoalesced => "all_reduce_coalesced",
+    AllGatherCoalesced => "all_gather_coalesced",
+    ReduceScatterCoalesced => "reduce_scatter_coalesced",
+    Split => "split",
+    Gather => "gather",
+    Scatter => "scatter",
     /// Point to point: its sequence number is the pair's, not the group's.
-    Send,
-    Recv,
+    Send => "send",
+    Recv => "recv",
 }
 
 impl Kind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::Broadcast => "broadcast",
-            Kind::Reduce => "reduce",
-            Kind::AllToAll => "all_to_all",
-            Kind::Barrier => "barrier",
-            Kind::AllReduceCoalesced => "all_reduce_coalesced",
-            Kind::AllGatherCoalesced => "all_gather_coalesced",
-            Kind::ReduceScatterCoalesced => "reduce_scatter_coalesced",
-            Kind::Split => "split",
-            Kind::Gather => "gather",
-            Kind::Scatter => "scatter",
-            Kind::Send => "send",
-            Kind::Recv => "recv",
-        }
-    }
-
     /// Whether calls of this kind pair between two ranks (with the pair's
     /// own sequence numbers) rather than across the group.
     pub(crate) fn point_to_point(self) -> bool {
@@ -153,26 +157,6 @@ impl std::fmt::Display for Fingerprint {
     }
 }
 
-/// Every kind, in the order of their wire codes.
-#[cfg(feature = "mpi")]
-const KINDS: [Kind; 15] = [
-    Kind::AllReduce,
-    Kind::AllGather,
-    Kind::ReduceScatter,
-    Kind::Broadcast,
-    Kind::Reduce,
-    Kind::AllToAll,
-    Kind::Barrier,
-    Kind::AllReduceCoalesced,
-    Kind::AllGatherCoalesced,
-    Kind::ReduceScatterCoalesced,
-    Kind::Split,
-    Kind::Gather,
-    Kind::Scatter,
-    Kind::Send,
-    Kind::Recv,
-];
-
 /// On the wire between processes: each field little-endian, `None` as all
 /// ones (no count, rank or code reaches it).
 #[cfg(feature = "mpi")]
@@ -191,7 +175,7 @@ impl crate::transport::mpi::Header for Fingerprint {
             slot.copy_from_slice(&v.to_le_bytes());
         }
         let codes = [
-            code(KINDS.iter().position(|&k| k == self.kind)),
+            code(Kind::ALL.iter().position(|&k| k == self.kind)),
             code(
                 self.dtype
                     .and_then(|d| DType::ALL.iter().position(|&x| x == d)),
@@ -226,7 +210,7 @@ impl crate::transport::mpi::Header for Fingerprint {
             root: num(word(2)?),
             shape: word(3)?,
             peer: num(word(4)?),
-            kind: *KINDS.get(code(40)?)?,
+            kind: *Kind::ALL.get(code(40)?)?,
             dtype: match code(41) {
                 None => None,
                 Some(i) => Some(*DType::ALL.get(i)?),
@@ -254,7 +238,7 @@ mod wire {
     #[test]
     fn a_fingerprint_crosses_the_wire_unchanged() {
         let mut n = 0u64;
-        for kind in KINDS {
+        for &kind in Kind::ALL {
             for dtype in std::iter::once(None).chain(DType::ALL.map(Some)) {
                 for op in [None, Some(ReduceOp::Avg), Some(ReduceOp::BitXor)] {
                     n += 1;

@@ -5,6 +5,7 @@
 
 pub(crate) mod claims;
 pub(crate) mod collective;
+pub(crate) mod collectives;
 pub(crate) mod cost;
 pub(crate) mod fingerprint;
 pub(crate) mod flight;

@@ -213,10 +213,12 @@ pub(crate) fn offered(kind: Kind) -> &'static [Plan] {
         | Kind::AllGatherCoalesced
         | Kind::Barrier
         | Kind::Split => &[Plan::Direct, Plan::DeviceRing],
-        Kind::Broadcast | Kind::Reduce => &[Plan::Direct, Plan::Chain],
+        Kind::Reduce => &[Plan::Direct, Plan::Chain],
         Kind::AllToAll => &[Plan::Direct, Plan::Pairwise],
         Kind::Gather | Kind::Scatter => &[Plan::Direct, Plan::Star],
         Kind::Send | Kind::Recv => &[Plan::PointToPoint],
+        // Units say their own (`Collective::plans`).
+        _ => &[],
     }
 }
 
@@ -236,7 +238,7 @@ pub(crate) fn choose(
     direct: &DirectVerdict,
 ) -> Result<Plan, String> {
     let kind = what.kind();
-    let offers = offered(kind);
+    let offers = what.plans();
     if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
         return match (forced, direct) {
             (Plan::Direct, None) => Err(format!(

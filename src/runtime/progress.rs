@@ -470,14 +470,7 @@ impl Progress {
                     reduce_scatter(&mut p, &dev, x, out)?;
                 }
             }
-            Collective::Broadcast { root, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                if r == *root && !x.same_view(out) {
-                    p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                }
-                p.buf = out.buffer().clone();
-                chain::broadcast(&mut p, *root, x.words())?;
-            }
+            Collective::Unit(u) => u.unit().run(plan, &mut p, &dev, ins, outs)?,
             Collective::Reduce { root, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 // Partial results pass through every rank's working buffer;

@@ -281,7 +281,12 @@ fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
             });
             words("blocks", counts.map(|c| c as u64 * size).collect())
         }
-        Collective::Broadcast { .. } | Collective::Barrier | Collective::Split { .. } => Ok(()),
+        Collective::Barrier | Collective::Split { .. } => Ok(()),
+        Collective::Unit(u) => {
+            let ins: Vec<&[Tensor]> = all.iter().map(|a| &a.ins[..]).collect();
+            let outs: Vec<&[Tensor]> = all.iter().map(|a| &a.outs[..]).collect();
+            u.unit().direct_feasible(dev, &ins, &outs)
+        }
         // Never met here: a pair's packets carry them (`algo::p2p`).
         Collective::Send { .. } | Collective::Recv { .. } => {
             Err("a send or receive is one hop between a pair".into())
@@ -445,12 +450,7 @@ fn steps_for(
                 }
             }
         }
-        Collective::Broadcast { root, .. } => {
-            let x = &ins[*root][0];
-            for o in outs {
-                steps.copy(x.buffer(), 0, o[0].buffer(), 0, x.used_bytes());
-            }
-        }
+        Collective::Unit(u) => u.unit().direct_steps(steps, ins, outs)?,
         Collective::Reduce {
             dtype, op, root, ..
         } => {

@@ -1,0 +1,102 @@
+//! Collectives as units: each one a module that says, in one place, what
+//! ranks compare of it, which plans it offers, when the shared device's
+//! steps can run it and what they are, and what each rank does under the
+//! other plans. The progress thread, the shared-device meeting and the
+//! planner ask the unit; adding a collective is a module here, a line in
+//! [`Units`] and in the list of kinds (`fingerprint.rs`), and its public
+//! calls.
+//!
+//! Collectives written before units still run from `progress.rs` and
+//! `shared.rs` directly; they move here one by one.
+
+pub(crate) mod broadcast;
+
+use std::sync::Arc;
+
+use crate::algo::direct::Steps;
+use crate::device::RankDevice;
+use crate::device::tensor::Tensor;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::ReduceOp;
+use crate::runtime::fingerprint::Kind;
+use crate::runtime::plan::Plan;
+use crate::runtime::prims::Prims;
+
+/// What ranks compare of a call besides its kind, dtype and operator: its
+/// length, its root, and a hash of any list of lengths (0 for none).
+pub(crate) struct Compared {
+    pub len: Option<usize>,
+    pub root: Option<usize>,
+    pub shape: u64,
+}
+
+/// One collective, as a unit.
+pub(crate) trait Unit {
+    fn kind(&self) -> Kind;
+    /// The element type of the tensors it moves.
+    fn dtype(&self) -> DType;
+    /// The reduction it applies, if it reduces.
+    fn op(&self) -> Option<ReduceOp> {
+        None
+    }
+    /// What every rank's call must agree on (with kind, dtype and op).
+    fn compared(&self) -> Compared;
+    /// The plans it offers, `Direct` first when it offers it.
+    fn plans(&self) -> &'static [Plan];
+    /// Whether `rank`'s call writes its outputs.
+    fn writes_output(&self, _rank: usize) -> bool {
+        true
+    }
+    /// Whether the shared device's steps can run the call of every rank
+    /// (`ins[r]`, `outs[r]`: rank r's tensors), or why not.
+    fn direct_feasible(
+        &self,
+        dev: &RankDevice,
+        ins: &[&[Tensor]],
+        outs: &[&[Tensor]],
+    ) -> std::result::Result<(), String>;
+    /// Records every rank's steps on the shared device (views every kernel
+    /// can bind).
+    fn direct_steps(
+        &self,
+        steps: &mut Steps<'_>,
+        ins: &[Vec<Tensor>],
+        outs: &[Vec<Tensor>],
+    ) -> Result<()>;
+    /// This rank's part under `plan` (any plan it offers but `Direct`),
+    /// on views its steps can work on where they lie.
+    fn run(
+        &self,
+        plan: Plan,
+        p: &mut Prims<'_>,
+        dev: &Arc<RankDevice>,
+        ins: &[Tensor],
+        outs: &[Tensor],
+    ) -> Result<()>;
+}
+
+/// The collectives that are units: the one list the rest of the engine
+/// reaches them through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Units {
+    Broadcast(broadcast::Broadcast),
+}
+
+impl Units {
+    /// The unit itself.
+    pub(crate) fn unit(&self) -> &dyn Unit {
+        match self {
+            Units::Broadcast(u) => u,
+        }
+    }
+}
+
+/// A call that reached its unit without its tensors (an internal error).
+pub(crate) fn missing(rank: usize) -> Error {
+    Error::device(
+        rank,
+        None,
+        "a collective reached its steps without its tensors",
+    )
+}
