@@ -100,6 +100,8 @@ fn every_collective_runs_and_checks_its_result() {
         ("broadcast", "none", "1"),
         ("reduce", "max", "1"),
         ("all-to-all", "none", "-1"),
+        ("all-gather-v", "none", "-1"),
+        ("reduce-scatter-v", "max", "-1"),
     ] {
         let o = bench(&[
             coll, "-b", "3K", "-e", "3K", "-n", "1", "-w", "0", "--ranks", "3", "-o", "max", "-d",

@@ -54,7 +54,7 @@ fn values(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier,
+/// all_gather, reduce_scatter (even and uneven), broadcast, reduce, all_to_all, barrier,
 /// coalesced all_reduce, against the values every rank can compute.
 fn the_others(c: &Communicator) -> Check {
     let (n, me) = (c.size(), c.rank());
@@ -83,6 +83,32 @@ fn the_others(c: &Communicator) -> Check {
         })
         .collect();
     assert_eq!(scattered, want, "reduce_scatter max");
+
+    // The uneven forms, with counts that grow by rank (rank 0 gives none).
+    let counts: Vec<usize> = (0..n).map(|r| 5 * r).collect();
+    let mine = c
+        .tensor(&values(me, counts[me]))
+        .map_err(|e| fail("tensor", e))?;
+    let gathered = get(
+        c.all_gather_v(&mine, &counts).and_then(|w| w.wait()),
+        "all_gather_v",
+    )?;
+    let want: Vec<f32> = (0..n).flat_map(|r| values(r, counts[r])).collect();
+    assert_eq!(gathered, want, "all_gather_v");
+    let total: usize = counts.iter().sum();
+    let whole = c
+        .tensor(&values(me, total))
+        .map_err(|e| fail("tensor", e))?;
+    let mine = get(
+        c.reduce_scatter_v(&whole, &counts, ReduceOp::Max)
+            .and_then(|w| w.wait()),
+        "reduce_scatter_v",
+    )?;
+    let at: usize = counts[..me].iter().sum();
+    let want: Vec<f32> = (at..at + counts[me])
+        .map(|i| (0..n).map(|r| values(r, total)[i]).fold(f32::MIN, f32::max))
+        .collect();
+    assert_eq!(mine, want, "reduce_scatter_v max");
 
     let root = n - 1;
     let b = get(c.broadcast(&x, root).and_then(|w| w.wait()), "broadcast")?;

@@ -220,10 +220,32 @@ impl Steps<'_> {
         out: &wgpu::Buffer,
         bytes: u64,
     ) -> Result<()> {
+        self.reduce_from(dtype, op, xs, root, 0, out, bytes)
+    }
+
+    /// Like [`reduce`](Self::reduce), from byte `at` of every `xs[r]` (a
+    /// bindable offset).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "what a fold reads and writes: one call site per collective"
+    )]
+    pub(crate) fn reduce_from(
+        &mut self,
+        dtype: DType,
+        op: ReduceOp,
+        xs: &[&wgpu::Buffer],
+        root: usize,
+        at: u64,
+        out: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
         let n = self.n;
         let r = self.reducer(dtype, op, n, 1, Order::Bound)?;
         let order: Vec<&wgpu::Buffer> = (1..=n).map(|k| xs[(root + k) % n]).collect();
-        self.fold(&r, &order, 0, &[out], 0, bytes)
+        self.fold(&r, &order, at, &[out], 0, bytes)
     }
 
     /// Copies `bytes` (a multiple of 4) from byte `from` of `src` to byte

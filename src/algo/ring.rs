@@ -115,6 +115,66 @@ pub(crate) fn reduce_scatter(p: &mut impl Steps, slot: usize, chunk: usize) -> R
     Ok(())
 }
 
+/// All-gathers segments of different lengths: segment `j` is `segs[j]` of
+/// the working buffer, and this rank's own is already in place. Round k
+/// moves slice k of every segment (empty once a segment is done).
+pub(crate) fn all_gather_v(p: &mut impl Steps, segs: &[Span]) -> Result<()> {
+    let (n, r) = (p.nranks(), p.rank());
+    let longest = segs.iter().map(|s| s.words).max().unwrap_or(0);
+    if n == 1 || longest == 0 || segs.len() != n {
+        return Ok(());
+    }
+    let ring = |k: usize| (r + k) % n;
+    let step = p.step_words(longest, 1);
+    p.reserve(step)?;
+    let mut base = 0;
+    while base < longest {
+        let span = |j: usize| slice_of(segs[j], base, step);
+        p.send(span(r))?;
+        for j in 1..n - 1 {
+            p.recv_copy_send(span(ring(n - j)))?;
+        }
+        p.recv(span(ring(1)))?;
+        base += step;
+    }
+    Ok(())
+}
+
+/// Reduce-scatters chunks of different lengths: chunk `c` is `chunks[c]`
+/// of the working buffer (each starting on the binding alignment), folded
+/// from rank c+1 round to rank c; afterwards this rank's own chunk holds
+/// the final reduction.
+pub(crate) fn reduce_scatter_v(p: &mut impl Steps, chunks: &[Span]) -> Result<()> {
+    let (n, r) = (p.nranks(), p.rank());
+    let longest = chunks.iter().map(|s| s.words).max().unwrap_or(0);
+    if n == 1 || longest == 0 || chunks.len() != n {
+        return Ok(());
+    }
+    let ring = |k: usize| (r + k) % n;
+    let step = p.step_words(longest, 1);
+    p.reserve(step)?;
+    let mut base = 0;
+    while base < longest {
+        let span = |c: usize| slice_of(chunks[c], base, step);
+        p.send(span(ring(n - 1)))?;
+        for j in 2..n {
+            p.recv_reduce_send(span(ring(n - j)))?;
+        }
+        p.recv_reduce(span(r))?;
+        base += step;
+    }
+    Ok(())
+}
+
+/// Slice `base..base + step` of `whole`, cut to its end (empty past it).
+fn slice_of(whole: Span, base: usize, step: usize) -> Span {
+    let from = base.min(whole.words);
+    Span {
+        off: whole.off + from,
+        words: step.min(whole.words - from),
+    }
+}
+
 /// A barrier: n-1 relays of a token round the ring, after which every rank
 /// has heard (through its neighbours) from every other.
 pub(crate) fn barrier(p: &mut impl Steps) -> Result<()> {

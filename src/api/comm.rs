@@ -23,7 +23,9 @@ use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::Collective;
 use crate::runtime::collectives::Units;
+use crate::runtime::collectives::all_gather_v::AllGatherV;
 use crate::runtime::collectives::broadcast::Broadcast;
+use crate::runtime::collectives::reduce_scatter_v::ReduceScatterV;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -510,6 +512,48 @@ impl Communicator {
         self.issue(self.reduce_scatter_call(x, op, Dest::New)?)
     }
 
+    /// Every rank's `x`, concatenated in rank order, where rank r gives
+    /// `counts[r]` elements (`x.len()` must equal `counts[rank]`; every
+    /// rank passes the same counts): torch's uneven `all_gather`,
+    /// `MPI_Allgatherv`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let counts = [1, 3];
+    ///     let x = c.tensor(&vec![c.rank() as i32 + 1; counts[c.rank()]])?;
+    ///     c.all_gather_v(&x, &counts)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![1, 2, 2, 2]);
+    /// # Ok(()) }
+    /// ```
+    pub fn all_gather_v(&self, x: &Tensor, counts: &[usize]) -> Result<Work> {
+        self.issue(self.all_gather_v_call(x, counts, Dest::New)?)
+    }
+
+    /// The reduction of every rank's `x`, of which rank r gets `counts[r]`
+    /// elements, from the offset of the counts before it (`x.len()` must
+    /// equal their sum; every rank passes the same counts):
+    /// `MPI_Reduce_scatter`.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(2))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let x = c.tensor(&[1, 2, 3])?;
+    ///     c.reduce_scatter_v(&x, &[1, 2], ReduceOp::Sum)?.wait()?.to_vec::<i32>()
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2]);
+    /// assert_eq!(got[1].clone()?, vec![4, 6]);
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter_v(&self, x: &Tensor, counts: &[usize], op: ReduceOp) -> Result<Work> {
+        self.issue(self.reduce_scatter_v_call(x, counts, op, Dest::New)?)
+    }
+
     /// The root's `x` on every rank, in a new tensor (every rank passes a
     /// tensor of the same dtype and length; only the root's values matter).
     ///
@@ -713,6 +757,104 @@ impl Communicator {
                 len: x.len(),
                 op,
             },
+            x,
+            out,
+        ))
+    }
+
+    /// Like [`all_gather_v`](Self::all_gather_v), into `out` (the sum of
+    /// `counts` elements of `x`'s dtype, not overlapping `x`).
+    pub fn all_gather_v_into(&self, x: &Tensor, out: &Tensor, counts: &[usize]) -> Result<Work> {
+        self.issue(self.all_gather_v_into_call(x, out, counts)?)
+    }
+
+    /// The call [`all_gather_v_into`](Self::all_gather_v_into) issues, checked.
+    pub(crate) fn all_gather_v_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        counts: &[usize],
+    ) -> Result<Call> {
+        self.all_gather_v_call(x, counts, Dest::Given(out))
+    }
+
+    /// An all_gather_v of `x` into `dest`, checked.
+    fn all_gather_v_call(&self, x: &Tensor, counts: &[usize], dest: Dest) -> Result<Call> {
+        self.check_tensor(x)?;
+        let counts = self.check_counts("counts", counts)?;
+        let total = self.count_sum("counts", &counts)?;
+        let mine = counts.get(self.rank()).copied().unwrap_or(0);
+        if x.len() != mine {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "all_gather_v: this rank's tensor has {} elements, but counts {counts:?} give it {mine}",
+                    x.len()
+                ),
+            ));
+        }
+        let out = self.dest(x, dest, total, false)?;
+        Ok(Call::one(
+            Collective::Unit(Units::AllGatherV(AllGatherV {
+                dtype: x.dtype(),
+                counts,
+            })),
+            x,
+            out,
+        ))
+    }
+
+    /// Like [`reduce_scatter_v`](Self::reduce_scatter_v), into `out`
+    /// (`counts[rank]` elements of `x`'s dtype, not overlapping `x`).
+    pub fn reduce_scatter_v_into(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work> {
+        self.issue(self.reduce_scatter_v_into_call(x, out, counts, op)?)
+    }
+
+    /// The call [`reduce_scatter_v_into`](Self::reduce_scatter_v_into) issues, checked.
+    pub(crate) fn reduce_scatter_v_into_call(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Call> {
+        self.reduce_scatter_v_call(x, counts, op, Dest::Given(out))
+    }
+
+    /// A reduce_scatter_v of `x` into `dest`, checked.
+    fn reduce_scatter_v_call(
+        &self,
+        x: &Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+        dest: Dest,
+    ) -> Result<Call> {
+        self.check_reduce(x, op)?;
+        let counts = self.check_counts("counts", counts)?;
+        let total = self.count_sum("counts", &counts)?;
+        if x.len() != total {
+            return Err(Error::invalid(
+                self.rank(),
+                format!(
+                    "reduce_scatter_v: the tensor has {} elements, but counts {counts:?} add up to {total}",
+                    x.len()
+                ),
+            ));
+        }
+        let mine = counts.get(self.rank()).copied().unwrap_or(0);
+        let out = self.dest(x, dest, mine, false)?;
+        Ok(Call::one(
+            Collective::Unit(Units::ReduceScatterV(ReduceScatterV {
+                dtype: x.dtype(),
+                counts,
+                op,
+            })),
             x,
             out,
         ))

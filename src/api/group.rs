@@ -94,6 +94,22 @@ impl<'a> Group<'a> {
         self.add(self.comm.reduce_scatter_into_call(x, out, op))
     }
 
+    /// [`Communicator::all_gather_v_into`], launched with the group.
+    pub fn all_gather_v_into(&self, x: &Tensor, out: &Tensor, counts: &[usize]) -> Result<()> {
+        self.add(self.comm.all_gather_v_into_call(x, out, counts))
+    }
+
+    /// [`Communicator::reduce_scatter_v_into`], launched with the group.
+    pub fn reduce_scatter_v_into(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.add(self.comm.reduce_scatter_v_into_call(x, out, counts, op))
+    }
+
     /// [`Communicator::broadcast_into`], launched with the group.
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<()> {
         self.add(self.comm.broadcast_into_call(x, out, root))

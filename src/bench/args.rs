@@ -25,6 +25,12 @@ pub enum Collective {
     Gather,
     /// scatter from the root; the size is the root's input.
     Scatter,
+    /// all_gather_v with counts that grow by rank (rank r gives
+    /// r+1 shares); the size is the gathered output.
+    AllGatherV,
+    /// reduce_scatter_v with counts that grow by rank; the size is each
+    /// rank's input.
+    ReduceScatterV,
 }
 
 impl Collective {
@@ -37,7 +43,9 @@ impl Collective {
             | Collective::ReduceScatter
             | Collective::AllToAll
             | Collective::Gather
-            | Collective::Scatter => (n - 1.0) / n,
+            | Collective::Scatter
+            | Collective::AllGatherV
+            | Collective::ReduceScatterV => (n - 1.0) / n,
             Collective::Broadcast | Collective::Reduce | Collective::Sendrecv => 1.0,
         }
     }
@@ -54,6 +62,8 @@ impl Collective {
             Collective::Sendrecv => "sendrecv",
             Collective::Gather => "gather",
             Collective::Scatter => "scatter",
+            Collective::AllGatherV => "all_gather_v",
+            Collective::ReduceScatterV => "reduce_scatter_v",
         }
     }
 
@@ -61,7 +71,10 @@ impl Collective {
     pub fn reduces(self) -> bool {
         matches!(
             self,
-            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+            Collective::AllReduce
+                | Collective::ReduceScatter
+                | Collective::Reduce
+                | Collective::ReduceScatterV
         )
     }
 

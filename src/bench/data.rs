@@ -170,7 +170,36 @@ pub fn expected_output(
         Collective::Gather if rank == root => (input(op, k / per_rank, k % per_rank), None),
         Collective::Gather => return None,
         Collective::Scatter => (input(op, root, rank * per_rank + k), None),
+        Collective::AllGatherV => {
+            // Element k of the concatenation: which rank's, and where in it.
+            let mut at = k;
+            let mut from = 0;
+            for (j, c) in counts(n, per_rank).into_iter().enumerate() {
+                if at < c {
+                    from = j;
+                    break;
+                }
+                at -= c;
+            }
+            (input(op, from, at), None)
+        }
+        Collective::ReduceScatterV => {
+            let before: usize = counts(n, per_rank).iter().take(rank).sum();
+            expected(op, n, before + k)
+        }
     })
+}
+
+/// The counts the benchmark's uneven collectives split `total` elements
+/// by: rank r gets r+1 shares, the last rank what rounding leaves.
+pub fn counts(n: usize, total: usize) -> Vec<usize> {
+    let shares = n * (n + 1) / 2;
+    let mut c: Vec<usize> = (0..n).map(|r| total * (r + 1) / shares.max(1)).collect();
+    let given: usize = c.iter().sum();
+    if let Some(last) = c.last_mut() {
+        *last += total - given;
+    }
+    c
 }
 
 /// Number of elements of `t` (a collective's output over `n` ranks) that

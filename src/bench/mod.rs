@@ -110,6 +110,9 @@ fn shape(coll: Collective, n: usize, dtype: DType, bytes: u64) -> Shape {
         Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter => {
             (count / n * n, count / n, count / n * n)
         }
+        // Each rank's input is its own share (see `input_len`); per_rank
+        // is the total the counts split.
+        Collective::AllGatherV | Collective::ReduceScatterV => (count, count, count),
     };
     Shape {
         input,
@@ -155,14 +158,27 @@ fn issue(
         }
         Collective::Gather => c.gather_into(x, out, a.root),
         Collective::Scatter => c.scatter_into(x, out, a.root),
+        Collective::AllGatherV => c.all_gather_v_into(x, out, &data::counts(c.size(), out.len())),
+        Collective::ReduceScatterV => {
+            c.reduce_scatter_v_into(x, out, &data::counts(c.size(), x.len()), op)
+        }
     }
 }
 
-/// The output length of the collective on an input of `input` elements.
-fn output_len(coll: Collective, n: usize, input: usize) -> usize {
+/// This rank's input length for a row whose shape gives `input`.
+fn input_len(coll: Collective, n: usize, rank: usize, input: usize) -> usize {
+    match coll {
+        Collective::AllGatherV => data::counts(n, input).get(rank).copied().unwrap_or(0),
+        _ => input,
+    }
+}
+
+/// This rank's output length for a row whose shape gives `input`.
+fn output_len(coll: Collective, n: usize, rank: usize, input: usize) -> usize {
     match coll {
         Collective::AllGather | Collective::Gather => input * n,
         Collective::ReduceScatter | Collective::Scatter => input / n.max(1),
+        Collective::ReduceScatterV => data::counts(n, input).get(rank).copied().unwrap_or(0),
         _ => input,
     }
 }
@@ -176,8 +192,9 @@ fn measure(
     s: Shape,
     in_place: bool,
 ) -> Result<(f64, Option<u64>, Option<Plan>), Error> {
-    let x = data::tensor(c, dtype, op, s.input)?;
-    let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
+    let (n, r) = (c.size(), c.rank());
+    let x = data::tensor(c, dtype, op, input_len(a.collective, n, r, s.input))?;
+    let out = c.zeros(dtype, output_len(a.collective, n, r, s.input))?;
     for _ in 0..a.warmup {
         let _ = issue(c, a, &x, &out, op, in_place)?.wait()?;
     }
@@ -193,10 +210,9 @@ fn measure(
     let secs = start.elapsed().as_secs_f64() / a.iters.max(1) as f64;
     let plan = ran_with(c);
     let mut wrong = None;
-    let (n, r) = (c.size(), c.rank());
     for _ in 0..a.check {
         // Fresh input: in-place iterations have overwritten x.
-        let x = data::tensor(c, dtype, op, s.input)?;
+        let x = data::tensor(c, dtype, op, input_len(a.collective, n, r, s.input))?;
         let y = issue(c, a, &x, &out, op, in_place)?.wait()?;
         let want = |k| {
             let w = data::expected_output(a.collective, op, n, r, a.root, s.per_rank, k);
@@ -290,8 +306,9 @@ pub fn time_split(
     let s = shape(a.collective, world.size(), dtype, bytes);
     world
         .run(|c| {
-            let x = data::tensor(c, dtype, op, s.input)?;
-            let out = c.zeros(dtype, output_len(a.collective, c.size(), s.input))?;
+            let (n, r) = (c.size(), c.rank());
+            let x = data::tensor(c, dtype, op, input_len(a.collective, n, r, s.input))?;
+            let out = c.zeros(dtype, output_len(a.collective, n, r, s.input))?;
             for _ in 0..a.warmup.max(1) {
                 let _ = issue(c, a, &x, &out, op, false)?.wait()?;
             }

@@ -52,6 +52,8 @@ kinds! {
     /// Point to point: its sequence number is the pair's, not the group's.
     Send => "send",
     Recv => "recv",
+    AllGatherV => "all_gather_v",
+    ReduceScatterV => "reduce_scatter_v",
 }
 
 impl Kind {

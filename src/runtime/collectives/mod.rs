@@ -9,7 +9,9 @@
 //! Collectives written before units still run from `progress.rs` and
 //! `shared.rs` directly; they move here one by one.
 
+pub(crate) mod all_gather_v;
 pub(crate) mod broadcast;
+pub(crate) mod reduce_scatter_v;
 
 use std::sync::Arc;
 
@@ -81,6 +83,8 @@ pub(crate) trait Unit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Units {
     Broadcast(broadcast::Broadcast),
+    AllGatherV(all_gather_v::AllGatherV),
+    ReduceScatterV(reduce_scatter_v::ReduceScatterV),
 }
 
 impl Units {
@@ -88,8 +92,29 @@ impl Units {
     pub(crate) fn unit(&self) -> &dyn Unit {
         match self {
             Units::Broadcast(u) => u,
+            Units::AllGatherV(u) => u,
+            Units::ReduceScatterV(u) => u,
         }
     }
+}
+
+/// Byte offsets of consecutive pieces of `counts` elements of `size`
+/// bytes each, and their total: (offsets, total).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "counts whose total was checked against a tensor's length when the call was made"
+)]
+pub(crate) fn offsets(counts: &[usize], size: usize) -> (Vec<usize>, usize) {
+    let mut at = 0;
+    let offs = counts
+        .iter()
+        .map(|c| {
+            let o = at;
+            at += c * size;
+            o
+        })
+        .collect();
+    (offs, at)
 }
 
 /// A call that reached its unit without its tensors (an internal error).
@@ -99,4 +124,9 @@ pub(crate) fn missing(rank: usize) -> Error {
         None,
         "a collective reached its steps without its tensors",
     )
+}
+
+/// A scratch buffer of `words` words from the device's pool.
+pub(crate) fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
+    Tensor::output(dev, DType::U32, words)
 }
