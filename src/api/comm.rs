@@ -25,11 +25,14 @@ use crate::runtime::collective::Collective;
 use crate::runtime::collectives::Units;
 use crate::runtime::collectives::all_gather_v::AllGatherV;
 use crate::runtime::collectives::broadcast::Broadcast;
+use crate::runtime::collectives::gather::Gather;
+use crate::runtime::collectives::reduce::Reduce;
 use crate::runtime::collectives::reduce_scatter_v::ReduceScatterV;
+use crate::runtime::collectives::scatter::Scatter;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
-use crate::runtime::plan::Tuning;
+use crate::runtime::planner::Tuning;
 use crate::runtime::profile::{Counters, Profile};
 use crate::runtime::progress::{Inflight, Item, Op, Output, Progress};
 use crate::runtime::shared;
@@ -984,12 +987,12 @@ impl Communicator {
         self.check_root(root)?;
         let out = self.dest(x, dest, x.len(), true)?;
         Ok(Call::one(
-            Collective::Reduce {
+            Collective::Unit(Units::Reduce(Reduce {
                 dtype: x.dtype(),
                 len: x.len(),
                 op,
                 root,
-            },
+            })),
             x,
             out,
         ))
@@ -1075,11 +1078,11 @@ impl Communicator {
             Output::Given(out.clone())
         };
         Ok(Call::one(
-            Collective::Gather {
+            Collective::Unit(Units::Gather(Gather {
                 dtype: x.dtype(),
                 len: x.len(),
                 root,
-            },
+            })),
             x,
             out,
         ))
@@ -1136,11 +1139,11 @@ impl Communicator {
             }
         }
         Ok(Call::one(
-            Collective::Scatter {
+            Collective::Unit(Units::Scatter(Scatter {
                 dtype: out.dtype(),
                 len: out.len(),
                 root,
-            },
+            })),
             x,
             Output::Given(out.clone()),
         ))

@@ -18,7 +18,8 @@ use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::flight::FlightRecord;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
-use crate::runtime::plan::{Plan, Tuning};
+use crate::runtime::plan::Plan;
+use crate::runtime::planner::Tuning;
 use crate::runtime::split::Splits;
 use crate::transport::local::mesh;
 

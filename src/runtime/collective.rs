@@ -34,12 +34,6 @@ pub(crate) enum Collective {
         len: usize,
         op: ReduceOp,
     },
-    Reduce {
-        dtype: DType,
-        len: usize,
-        op: ReduceOp,
-        root: usize,
-    },
     /// Counts differ between ranks (what a sends b is what b receives from
     /// a), so they are checked hop by hop, not in the fingerprint.
     AllToAll {
@@ -67,18 +61,6 @@ pub(crate) enum Collective {
         color: Option<u32>,
         key: usize,
     },
-    Gather {
-        dtype: DType,
-        /// Elements each rank contributes.
-        len: usize,
-        root: usize,
-    },
-    Scatter {
-        dtype: DType,
-        /// Elements each rank receives.
-        len: usize,
-        root: usize,
-    },
     /// Point to point, paired by the (sender, receiver) pair's own
     /// sequence numbers.
     Send {
@@ -101,15 +83,12 @@ impl Collective {
             Collective::AllReduce { .. } => Kind::AllReduce,
             Collective::AllGather { .. } => Kind::AllGather,
             Collective::ReduceScatter { .. } => Kind::ReduceScatter,
-            Collective::Reduce { .. } => Kind::Reduce,
             Collective::AllToAll { .. } => Kind::AllToAll,
             Collective::Barrier => Kind::Barrier,
             Collective::AllReduceCoalesced { .. } => Kind::AllReduceCoalesced,
             Collective::AllGatherCoalesced { .. } => Kind::AllGatherCoalesced,
             Collective::ReduceScatterCoalesced { .. } => Kind::ReduceScatterCoalesced,
             Collective::Split { .. } => Kind::Split,
-            Collective::Gather { .. } => Kind::Gather,
-            Collective::Scatter { .. } => Kind::Scatter,
             Collective::Send { .. } => Kind::Send,
             Collective::Recv { .. } => Kind::Recv,
             Collective::Unit(u) => u.unit().kind(),
@@ -122,13 +101,10 @@ impl Collective {
             Collective::AllReduce { dtype, .. }
             | Collective::AllGather { dtype, .. }
             | Collective::ReduceScatter { dtype, .. }
-            | Collective::Reduce { dtype, .. }
             | Collective::AllToAll { dtype, .. }
             | Collective::AllReduceCoalesced { dtype, .. }
             | Collective::AllGatherCoalesced { dtype, .. }
             | Collective::ReduceScatterCoalesced { dtype, .. }
-            | Collective::Gather { dtype, .. }
-            | Collective::Scatter { dtype, .. }
             | Collective::Send { dtype, .. }
             | Collective::Recv { dtype, .. } => Some(*dtype),
             Collective::Unit(u) => Some(u.unit().dtype()),
@@ -141,7 +117,6 @@ impl Collective {
         match self {
             Collective::AllReduce { op, .. }
             | Collective::ReduceScatter { op, .. }
-            | Collective::Reduce { op, .. }
             | Collective::AllReduceCoalesced { op, .. }
             | Collective::ReduceScatterCoalesced { op, .. } => Some(*op),
             Collective::Unit(u) => u.unit().op(),
@@ -153,7 +128,6 @@ impl Collective {
     /// only written at the root).
     pub(crate) fn writes_output(&self, rank: usize) -> bool {
         match self {
-            Collective::Gather { root, .. } => rank == *root,
             Collective::Unit(u) => u.unit().writes_output(rank),
             _ => true,
         }
@@ -184,9 +158,6 @@ impl Collective {
             | Collective::ReduceScatter { len, .. }
             | Collective::Send { len, .. }
             | Collective::Recv { len, .. } => (Some(*len), None, 0),
-            Collective::Reduce { len, root, .. }
-            | Collective::Gather { len, root, .. }
-            | Collective::Scatter { len, root, .. } => (Some(*len), Some(*root), 0),
             Collective::AllReduceCoalesced { lens, .. }
             | Collective::AllGatherCoalesced { lens, .. }
             | Collective::ReduceScatterCoalesced { lens, .. } => (

@@ -13,6 +13,7 @@ pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod host_ring;
 pub(crate) mod plan;
+pub(crate) mod planner;
 pub(crate) mod prims;
 pub(crate) mod profile;
 pub(crate) mod progress;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crossbeam::channel::Receiver;
 
 use crate::algo::fold::HostFold;
-use crate::algo::{chain, oneshot, p2p, pairwise, ring, star};
+use crate::algo::{oneshot, p2p, pairwise, ring};
 use crate::device::tensor::{DType, Tensor};
 use crate::device::timestamps::Timestamps;
 use crate::device::{RankDevice, Ticket, lock};
@@ -27,8 +27,8 @@ use crate::runtime::health::Health;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::host_ring::HostSteps;
-use crate::runtime::plan::Tuning;
-use crate::runtime::plan::{self, Plan};
+use crate::runtime::plan::Plan;
+use crate::runtime::planner::{self, Tuning};
 use crate::runtime::prims::Prims;
 use crate::runtime::profile::Counters;
 use crate::runtime::shared;
@@ -354,7 +354,7 @@ impl Progress {
                 // Alone on its device (or a pair's hop): every rank of the
                 // group chooses alike from what they share.
                 let direct = (n == 1).then_some(Ok(()));
-                plan::choose(&self.tuning, &op.what, n, &direct)
+                planner::choose(&self.tuning, &op.what, n, &direct)
                     .map_err(|why| Error::invalid(r, why))?
             }
         };
@@ -471,23 +471,6 @@ impl Progress {
                 }
             }
             Collective::Unit(u) => u.unit().run(plan, &mut p, &dev, ins, outs)?,
-            Collective::Reduce { root, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                // Partial results pass through every rank's working buffer;
-                // off the root, an in-place call's tensor must keep its bytes.
-                let spare;
-                let work = if x.same_view(out) && r != *root {
-                    spare = scratch(&dev, x.words())?;
-                    &spare
-                } else {
-                    out
-                };
-                if !x.same_view(work) {
-                    p.copy(x.buffer(), 0, work.buffer(), 0, x.used_bytes())?;
-                }
-                p.buf = work.buffer().clone();
-                chain::reduce(&mut p, *root, x.words())?;
-            }
             Collective::AllToAll { send, recv, .. } => {
                 let (x, out) = (&ins[0], &outs[0]);
                 p.buf = x.buffer().clone();
@@ -500,26 +483,6 @@ impl Progress {
                     x.used_bytes() as usize,
                     out.buffer(),
                     out.used_bytes() as usize,
-                )?;
-            }
-            Collective::Gather { root, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                star::gather(
-                    &mut p,
-                    *root,
-                    x.buffer(),
-                    out.buffer(),
-                    x.byte_len() as usize,
-                )?;
-            }
-            Collective::Scatter { root, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                star::scatter(
-                    &mut p,
-                    *root,
-                    x.buffer(),
-                    out.buffer(),
-                    out.byte_len() as usize,
                 )?;
             }
             Collective::Send { peer, .. } => {

@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
 use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
-use crate::runtime::plan::Tuning;
-use crate::runtime::plan::{self, Plan};
+use crate::runtime::plan::Plan;
+use crate::runtime::planner::{self, Tuning};
 use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
 use crate::transport::shared::Meeting;
@@ -121,7 +121,7 @@ fn host(
             .map(|r| Err(Error::invalid(r, why.clone())))
             .collect();
     }
-    let plan = match plan::choose(tuning, &all[0].what, n, &Some(feasible(w.dev, &all))) {
+    let plan = match planner::choose(tuning, &all[0].what, n, &Some(feasible(w.dev, &all))) {
         Ok(plan) => plan,
         Err(why) => {
             return (0..n)
@@ -251,7 +251,6 @@ fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
     };
     match &a.what {
         Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => reduces(),
-        Collective::Reduce { .. } => reduces(),
         Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
             reduces()?;
             if a.outs.iter().all(|o| o.byte_len() % align(dev) == 0) {
@@ -263,13 +262,8 @@ fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
                 ))
             }
         }
-        Collective::AllGather { .. }
-        | Collective::AllGatherCoalesced { .. }
-        | Collective::Gather { .. } => {
+        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
             words("segments", a.ins.iter().map(Tensor::byte_len).collect())
-        }
-        Collective::Scatter { .. } => {
-            words("segments", a.outs.iter().map(Tensor::byte_len).collect())
         }
         Collective::AllToAll { dtype, .. } => {
             let size = dtype.size() as u64;
@@ -451,19 +445,6 @@ fn steps_for(
             }
         }
         Collective::Unit(u) => u.unit().direct_steps(steps, ins, outs)?,
-        Collective::Reduce {
-            dtype, op, root, ..
-        } => {
-            let xs = bufs(ins, 0);
-            let bytes = ins[0][0].used_bytes();
-            steps.reduce(*dtype, *op, &xs, *root, outs[*root][0].buffer(), bytes)?;
-            // The other ranks' outputs keep their own input.
-            for (r, (x, o)) in ins.iter().zip(outs).enumerate() {
-                if r != *root {
-                    steps.copy(x[0].buffer(), 0, o[0].buffer(), 0, x[0].used_bytes());
-                }
-            }
-        }
         Collective::AllToAll { dtype, .. } => {
             let size = dtype.size() as u64;
             for (r, a) in all.iter().enumerate() {
@@ -480,20 +461,6 @@ fn steps_for(
                     steps.copy(ins[r][0].buffer(), from, outs[j][0].buffer(), to, bytes);
                     from += bytes;
                 }
-            }
-        }
-        Collective::Gather { root, .. } => {
-            let bytes = ins[0][0].byte_len();
-            let out = outs[*root][0].buffer();
-            for (r, x) in ins.iter().enumerate() {
-                steps.copy(x[0].buffer(), 0, out, r as u64 * bytes, bytes);
-            }
-        }
-        Collective::Scatter { root, .. } => {
-            let bytes = outs[0][0].byte_len();
-            let x = ins[*root][0].buffer();
-            for (r, o) in outs.iter().enumerate() {
-                steps.copy(x, r as u64 * bytes, o[0].buffer(), 0, bytes);
             }
         }
         Collective::Barrier | Collective::Send { .. } | Collective::Recv { .. } => {}

@@ -11,7 +11,10 @@
 
 pub(crate) mod all_gather_v;
 pub(crate) mod broadcast;
+pub(crate) mod gather;
+pub(crate) mod reduce;
 pub(crate) mod reduce_scatter_v;
+pub(crate) mod scatter;
 
 use std::sync::Arc;
 
@@ -85,6 +88,9 @@ pub(crate) enum Units {
     Broadcast(broadcast::Broadcast),
     AllGatherV(all_gather_v::AllGatherV),
     ReduceScatterV(reduce_scatter_v::ReduceScatterV),
+    Reduce(reduce::Reduce),
+    Gather(gather::Gather),
+    Scatter(scatter::Scatter),
 }
 
 impl Units {
@@ -94,6 +100,9 @@ impl Units {
             Units::Broadcast(u) => u,
             Units::AllGatherV(u) => u,
             Units::ReduceScatterV(u) => u,
+            Units::Reduce(u) => u,
+            Units::Gather(u) => u,
+            Units::Scatter(u) => u,
         }
     }
 }
@@ -129,4 +138,29 @@ pub(crate) fn missing(rank: usize) -> Error {
 /// A scratch buffer of `words` words from the device's pool.
 pub(crate) fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
     Tensor::output(dev, DType::U32, words)
+}
+
+/// The first tensor of every rank's list (the one a single-tensor
+/// collective has).
+pub(crate) fn firsts(ts: &[Vec<Tensor>]) -> Result<Vec<&Tensor>> {
+    ts.iter()
+        .enumerate()
+        .map(|(r, t)| t.first().ok_or_else(|| missing(r)))
+        .collect()
+}
+
+/// `Ok` when every rank's tensors hold whole 32-bit words (device copies
+/// move nothing smaller), else why not.
+pub(crate) fn whole_words(what: &str, ts: &[&[Tensor]]) -> std::result::Result<(), String> {
+    if ts
+        .iter()
+        .flat_map(|t| t.iter())
+        .all(|t| t.byte_len() % 4 == 0)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} of 16-bit elements of odd length start mid-word, where a copy cannot"
+        ))
+    }
 }

@@ -1,0 +1,157 @@
+//! The one function that chooses how a collective runs.
+//!
+//! [`choose`] picks a [`Plan`] from what every rank of the group knows
+//! alike (the tuning that rank 0 measured and broadcast, the placement,
+//! the collective's fingerprint), so every rank picks the same plan
+//! without a word. A plan forced by the user always wins over the rules,
+//! and one that cannot run here is refused with the reason, never
+//! silently replaced.
+
+use std::time::Duration;
+
+use crate::runtime::collective::Collective;
+use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
+use crate::runtime::plan::Plan;
+
+/// What the planner chooses from: what the user
+/// forced, and figures measured on rank 0's device that every rank shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Tuning {
+    pub algorithm: Algorithm,
+    /// A plan forced by the user, for the collectives that offer it.
+    pub plan: Option<Plan>,
+    pub cost: CostModel,
+    pub rates: Rates,
+    /// Whether the ring between ranks of their own devices folds on the
+    /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
+    pub host_fold: bool,
+}
+
+impl Tuning {
+    /// The figures every rank must decide from, as words (processes agree
+    /// on rank 0's: see `with_figures`).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn figures(&self) -> Vec<u64> {
+        let mut w = self.cost.to_words().to_vec();
+        w.extend([
+            self.rates.host.to_bits(),
+            self.rates.device.to_bits(),
+            u64::from(self.host_fold),
+        ]);
+        w
+    }
+
+    /// This tuning with the figures `words` (from `figures`) give.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn with_figures(self, words: &[u64]) -> Option<Tuning> {
+        match words {
+            [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
+                cost: CostModel::from_words(&[*c0, *c1, *c2])?,
+                rates: Rates {
+                    host: f64::from_bits(*host),
+                    device: f64::from_bits(*device),
+                },
+                host_fold: *fold != 0,
+                ..self
+            }),
+            _ => None,
+        }
+    }
+
+    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
+    /// `plan`; `None` for a plan all-reduce does not offer.
+    pub(crate) fn price(&self, plan: Plan, n: usize, bytes: usize) -> Option<Duration> {
+        let c = &self.cost;
+        match plan {
+            Plan::DeviceRing => Some(c.ring_all_reduce(n, bytes)),
+            Plan::OneShot => Some(c.one_shot_all_reduce(n, bytes)),
+            Plan::HostRing => {
+                if n < 2 {
+                    return Some(Duration::ZERO);
+                }
+                // Down and up once, then the ring's 2(n-1) steps of S/n
+                // and n-1 folds of S/n, all in host memory.
+                let s = bytes as f64;
+                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64() + s / c.beta + steps / self.rates.host,
+                ))
+            }
+            Plan::Direct => {
+                // One submission: a kernel per part reads n inputs and
+                // writes n outputs on the device.
+                let moved = 2.0 * n as f64 * bytes as f64;
+                Some(seconds(
+                    c.alpha.as_secs_f64()
+                        + n as f64 * c.dispatch.as_secs_f64()
+                        + moved / (2.0 * self.rates.device),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether the direct kernels can run a collective here: `None` when the
+/// ranks do not share a device, else `Ok` or why they cannot.
+pub(crate) type DirectVerdict = Option<Result<(), String>>;
+
+/// The plan `what` runs with on `n` ranks, or why the forced plan cannot
+/// run. `direct` says whether the shared device's kernels can run it.
+/// Every input is the same on every rank of the group (the tuning is
+/// rank 0's, the direct verdict is decided once for the group), so every
+/// rank chooses alike.
+pub(crate) fn choose(
+    tuning: &Tuning,
+    what: &Collective,
+    n: usize,
+    direct: &DirectVerdict,
+) -> Result<Plan, String> {
+    let kind = what.kind();
+    let offers = what.plans();
+    if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
+        return match (forced, direct) {
+            (Plan::Direct, None) => Err(format!(
+                "the plan direct was forced, but the {n} ranks do not share one device: its \
+                 kernels read every rank's buffers, so they need the ranks on one device \
+                 (Placement::SharedDevice)"
+            )),
+            (Plan::Direct, Some(Err(why))) => Err(format!(
+                "the plan direct was forced, but its kernels cannot run {}: {why}",
+                kind.name()
+            )),
+            (p, _) => Ok(p),
+        };
+    }
+    // The ring the planner would run where the ranks have devices of their own.
+    let ring = if tuning.host_fold && direct.is_none() {
+        Plan::HostRing
+    } else {
+        Plan::DeviceRing
+    };
+    if let Collective::AllReduce { dtype, len, .. } = what {
+        let bytes = dtype.words(*len).saturating_mul(4);
+        match tuning.algorithm {
+            Algorithm::Ring => return Ok(ring),
+            Algorithm::OneShot => return Ok(Plan::OneShot),
+            _ => {}
+        }
+        if matches!(direct, Some(Ok(()))) {
+            return Ok(Plan::Direct);
+        }
+        let price = |p| tuning.price(p, n, bytes).unwrap_or(Duration::MAX);
+        return Ok(if price(Plan::OneShot) < price(ring) {
+            Plan::OneShot
+        } else {
+            ring
+        });
+    }
+    if matches!(direct, Some(Ok(()))) {
+        return Ok(Plan::Direct);
+    }
+    Ok(offers
+        .iter()
+        .copied()
+        .find(|&p| p != Plan::Direct)
+        .unwrap_or(Plan::PointToPoint))
+}
