@@ -74,20 +74,24 @@ fn all_reduce_bytes(
     }
 }
 
-/// The all-reduce's output bytes on every rank, under `plan` and `placement`.
-fn reduce(n: usize, placement: Placement, plan: Plan, dtype: DType, op: ReduceOp) -> Vec<Vec<u8>> {
-    let w = World::new(
+/// A world of `n` ranks under `placement` with `plan` forced.
+fn world(n: usize, placement: Placement, plan: Plan) -> World {
+    World::new(
         WorldConfig::new(n)
             .with_placement(placement)
             .with_plan(Some(plan)),
     )
-    .unwrap_or_else(|e| panic!("{plan}: {e}"));
-    let all = combos(n);
+    .unwrap_or_else(|e| panic!("{plan}: {e}"))
+}
+
+/// The all-reduce's output bytes on every rank of `w`.
+fn reduce(w: &World, dtype: DType, op: ReduceOp) -> Vec<Vec<u8>> {
+    let all = combos(w.size());
     w.run(|c| all_reduce_bytes(c, dtype, op, &all[c.rank()]))
-        .unwrap_or_else(|e| panic!("{plan}: {e}"))
+        .unwrap_or_else(|e| panic!("{dtype} {op:?}: {e}"))
         .into_iter()
         .enumerate()
-        .map(|(r, x)| x.unwrap_or_else(|e| panic!("{plan} {dtype} {op:?}, rank {r}: {e}")))
+        .map(|(r, x)| x.unwrap_or_else(|e| panic!("{dtype} {op:?}, rank {r}: {e}")))
         .collect()
 }
 
@@ -95,17 +99,22 @@ fn reduce(n: usize, placement: Placement, plan: Plan, dtype: DType, op: ReduceOp
 fn host_and_wgsl_folds_agree_on_special_values() {
     let mut failures = Vec::new();
     for n in [2, 3] {
+        let host = world(n, Placement::DevicePerRank, Plan::HostRing);
+        let others = [
+            world(n, Placement::DevicePerRank, Plan::DeviceRing),
+            world(n, Placement::DevicePerRank, Plan::OneShot),
+            world(n, Placement::SharedDevice, Plan::Direct),
+        ];
         for dtype in DType::ALL {
             for op in common::ops_for(dtype) {
-                let host = reduce(n, Placement::DevicePerRank, Plan::HostRing, dtype, op);
-                for (placement, plan) in [
-                    (Placement::DevicePerRank, Plan::DeviceRing),
-                    (Placement::DevicePerRank, Plan::OneShot),
-                    (Placement::SharedDevice, Plan::Direct),
-                ] {
-                    let other = reduce(n, placement, plan, dtype, op);
+                let want = reduce(&host, dtype, op);
+                for (w, plan) in others
+                    .iter()
+                    .zip([Plan::DeviceRing, Plan::OneShot, Plan::Direct])
+                {
+                    let other = reduce(w, dtype, op);
                     let size = dtype.size();
-                    for (r, (h, o)) in host.iter().zip(&other).enumerate() {
+                    for (r, (h, o)) in want.iter().zip(&other).enumerate() {
                         let bad = h.chunks(size).zip(o.chunks(size)).position(|(a, b)| a != b);
                         if let Some(i) = bad {
                             let k = SPECIAL.len();

@@ -74,7 +74,7 @@ pub(crate) struct Rates {
 impl Rates {
     /// Measures both on `dev` (a few milliseconds).
     pub(crate) fn measure(dev: &RankDevice) -> Result<Rates> {
-        let bytes = 4usize << 20;
+        let bytes = 1usize << 20;
         let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
         let mut host = Vec::new();
         for _ in 0..5 {
