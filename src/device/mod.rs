@@ -224,6 +224,12 @@ impl RankDevice {
     }
 
     /// Whether `other` runs on the same wgpu device as this rank.
+    /// Bytes a kernel's binding offset must be a multiple of (the
+    /// adapter's storage-offset alignment, at least one 16-byte unit).
+    pub(crate) fn binding_align(&self) -> u64 {
+        u64::from(self.limits.min_storage_buffer_offset_alignment.max(16))
+    }
+
     pub(crate) fn same_device(&self, other: &RankDevice) -> bool {
         Arc::ptr_eq(&self.core, &other.core)
     }

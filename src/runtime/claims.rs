@@ -118,18 +118,7 @@ impl Claims {
                     })
                     .unwrap_or_else(|p| p.into_inner());
                 let mut boards = boards;
-                let Some(board) = boards.get_mut(&seq) else {
-                    return Ok(None);
-                };
-                if board.arrivals.len() < members {
-                    return Ok(None);
-                }
-                let verdict = clash(&board.arrivals);
-                board.read = board.read.saturating_add(1);
-                if board.read >= members {
-                    boards.remove(&seq);
-                }
-                Ok(Some(verdict))
+                Ok(read_verdict(&mut boards, seq, members))
             },
         );
         match waited {
@@ -140,16 +129,11 @@ impl Claims {
                 // Every post arrived, and a peer that read the verdict
                 // first has failed the group with it: this rank reports
                 // the same verdict, not the peer's failure.
-                if let Some(b) = boards.get_mut(&seq).filter(|b| b.arrivals.len() >= members) {
-                    let verdict = clash(&b.arrivals);
-                    b.read = b.read.saturating_add(1);
-                    if b.read >= members {
-                        boards.remove(&seq);
-                    }
-                    if let Some(why) = verdict {
-                        return Err(Error::invalid(rank, format!("{call}: {why}")));
-                    }
-                    return Err(e);
+                if let Some(verdict) = read_verdict(&mut boards, seq, members) {
+                    return Err(match verdict {
+                        Some(why) => Error::invalid(rank, format!("{call}: {why}")),
+                        None => e,
+                    });
                 }
                 // Nobody will read this call's verdict: take the post back.
                 if let Some(b) = boards.get_mut(&seq) {
@@ -162,6 +146,26 @@ impl Claims {
             }
         }
     }
+}
+
+/// The verdict on call `seq` once all `members` have posted (this rank's
+/// read of it counted; the board goes once every member has read it), or
+/// `None` while posts are missing.
+fn read_verdict(
+    boards: &mut HashMap<u64, Board>,
+    seq: u64,
+    members: usize,
+) -> Option<Option<String>> {
+    let board = boards.get_mut(&seq)?;
+    if board.arrivals.len() < members {
+        return None;
+    }
+    let verdict = clash(&board.arrivals);
+    board.read = board.read.saturating_add(1);
+    if board.read >= members {
+        boards.remove(&seq);
+    }
+    Some(verdict)
 }
 
 /// Why the posted calls clash, when a rank writes bytes another touches

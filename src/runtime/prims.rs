@@ -189,13 +189,7 @@ impl<'a> Prims<'a> {
     /// Words of the storage-offset alignment: every slice a kernel binds
     /// starts at a multiple of it (and so holds whole 16-byte units).
     pub(crate) fn align_words(&self) -> usize {
-        (self
-            .w
-            .dev
-            .limits
-            .min_storage_buffer_offset_alignment
-            .max(16)
-            / 4) as usize
+        usize::try_from(self.w.dev.binding_align() / 4).unwrap_or(4)
     }
 
     /// Words per step when `remaining` words are left to split into `parts`:

@@ -21,6 +21,7 @@ use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collective::{Collective, SplitTable};
+use crate::runtime::collectives::scratch;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
@@ -740,11 +741,6 @@ fn handshake(link: &Link, w: &Waiter, n: usize) -> Result<()> {
     let p = hop::take(link, (w.rank + n - 1) % n, Lane::Collective, 0, w)?;
     hop::recycle(link, p);
     Ok(())
-}
-
-/// A scratch buffer of `words` words from the device's pool.
-fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
-    Tensor::output(dev, DType::U32, words)
 }
 
 /// All-gathers `x` into `out` (n x len, rank-major).

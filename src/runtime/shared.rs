@@ -24,6 +24,7 @@ use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collective::Collective;
 use crate::runtime::collective::SplitTable;
+use crate::runtime::collectives::reducible;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Tuning};
@@ -222,24 +223,11 @@ fn shared_bytes(all: &[Arrival]) -> Option<String> {
     None
 }
 
-/// Bytes a kernel's binding offset must be a multiple of.
-fn align(dev: &RankDevice) -> u64 {
-    u64::from(dev.limits.min_storage_buffer_offset_alignment.max(16))
-}
-
 /// Whether the device steps can run this collective, or why not.
 fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
     let n = all.len();
     let a = &all[0];
-    let reduces = || {
-        if Steps::can_reduce(dev, n) {
-            Ok(())
-        } else {
-            Err(format!(
-                "a reduction over {n} ranks binds more inputs than this adapter allows"
-            ))
-        }
-    };
+    let reduces = || reducible(dev, n);
     let words = |what: &str, bytes: Vec<u64>| {
         if bytes.iter().all(|b| b % 4 == 0) {
             Ok(())
@@ -253,12 +241,15 @@ fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
         Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => reduces(),
         Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
             reduces()?;
-            if a.outs.iter().all(|o| o.byte_len() % align(dev) == 0) {
+            if a.outs
+                .iter()
+                .all(|o| o.byte_len() % dev.binding_align() == 0)
+            {
                 Ok(())
             } else {
                 Err(format!(
                     "each rank's chunk must be a multiple of {} bytes for a kernel to bind it",
-                    align(dev)
+                    dev.binding_align()
                 ))
             }
         }
@@ -308,7 +299,7 @@ fn record(
         dev,
         enc: dev.encoder(),
         n,
-        align: align(dev),
+        align: dev.binding_align(),
         stamps: stamps.filter(|_| profiling),
     };
     // Views that do not start their buffer on whole units go through

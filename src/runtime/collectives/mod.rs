@@ -140,6 +140,18 @@ pub(crate) fn scratch(dev: &Arc<RankDevice>, words: usize) -> Result<Tensor> {
     Tensor::output(dev, DType::U32, words)
 }
 
+/// `Ok` when the shared device's reduction kernel can bind the inputs of
+/// `n` ranks in one pass, else why not.
+pub(crate) fn reducible(dev: &RankDevice, n: usize) -> std::result::Result<(), String> {
+    if Steps::can_reduce(dev, n) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a reduction over {n} ranks binds more inputs than this adapter allows"
+        ))
+    }
+}
+
 /// The first tensor of every rank's list (the one a single-tensor
 /// collective has).
 pub(crate) fn firsts(ts: &[Vec<Tensor>]) -> Result<Vec<&Tensor>> {

@@ -12,7 +12,7 @@ use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::collectives::{Compared, Unit, firsts, missing, scratch};
+use crate::runtime::collectives::{Compared, Unit, firsts, missing, reducible, scratch};
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
@@ -57,14 +57,7 @@ impl Unit for Reduce {
         ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
-        let n = ins.len();
-        if Steps::can_reduce(dev, n) {
-            Ok(())
-        } else {
-            Err(format!(
-                "a reduction over {n} ranks binds more inputs than this adapter allows"
-            ))
-        }
+        reducible(dev, ins.len())
     }
 
     fn direct_steps(

@@ -19,7 +19,7 @@ use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::collectives::{Compared, Unit, missing, offsets, scratch};
+use crate::runtime::collectives::{Compared, Unit, missing, offsets, reducible, scratch};
 use crate::runtime::fingerprint::{Fingerprint, Kind};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
@@ -30,11 +30,6 @@ pub(crate) struct ReduceScatterV {
     pub dtype: DType,
     pub counts: Vec<usize>,
     pub op: ReduceOp,
-}
-
-/// Bytes a kernel's binding offset must be a multiple of on `dev`.
-fn align(dev: &RankDevice) -> usize {
-    dev.limits.min_storage_buffer_offset_alignment.max(16) as usize
 }
 
 impl Unit for ReduceScatterV {
@@ -68,13 +63,8 @@ impl Unit for ReduceScatterV {
         _ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
-        let n = self.counts.len();
-        if !Steps::can_reduce(dev, n) {
-            return Err(format!(
-                "a reduction over {n} ranks binds more inputs than this adapter allows"
-            ));
-        }
-        let a = align(dev);
+        reducible(dev, self.counts.len())?;
+        let a = usize::try_from(dev.binding_align()).unwrap_or(usize::MAX);
         let (offs, _) = offsets(&self.counts, self.dtype.size());
         if offs.iter().all(|o| o % a == 0) {
             Ok(())
