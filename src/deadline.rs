@@ -6,6 +6,8 @@
 //! represent becomes the latest instant the clock can hold (a century
 //! away, in practice never).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How far ahead the latest representable deadline is tried first.
@@ -57,9 +59,87 @@ pub(crate) fn backstop(timeout: Duration) -> Duration {
         .saturating_add(Duration::from_secs(1))
 }
 
-/// How long one slice of a bounded wait lasts before [`Watch::check`] is
-/// asked again.
-pub(crate) const TICK: Duration = Duration::from_millis(20);
+/// Something a blocked wait sleeps on (a condition variable, a device's
+/// signal, a channel), which a raised [`Alarm`] can wake.
+pub(crate) trait Ring: Send + Sync {
+    /// Wakes whoever sleeps on it; they look again at what they wait for
+    /// and at the alarm. Whoever implements it for a condition variable
+    /// takes the variable's lock before notifying, so that a waiter
+    /// between its look and its sleep cannot miss the wake-up.
+    fn ring(&self);
+}
+
+/// Raised whenever something happens that may end a wait early (a
+/// failure, an abort, a rank that leaves); rings the bell of every wait
+/// in progress, so that a failure reaches the waits it concerns at once
+/// instead of at their next look. A wait that the event does not concern
+/// looks, finds nothing for it, and sleeps again.
+#[derive(Default)]
+pub(crate) struct Alarm {
+    raised: AtomicU64,
+    /// The bells of the waits in progress (one entry per wait).
+    bells: Mutex<Vec<Arc<dyn Ring>>>,
+}
+
+impl Alarm {
+    /// How many times it has been raised.
+    pub(crate) fn raised(&self) -> u64 {
+        self.raised.load(Ordering::SeqCst)
+    }
+
+    /// Raises it: counts, then rings every bell.
+    pub(crate) fn raise(&self) {
+        self.raised.fetch_add(1, Ordering::SeqCst);
+        for bell in self.bells().iter() {
+            bell.ring();
+        }
+    }
+
+    fn bells(&self) -> std::sync::MutexGuard<'_, Vec<Arc<dyn Ring>>> {
+        self.bells.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hangs `bell` until the guard drops.
+    fn hang(&self, bell: &Arc<dyn Ring>) -> Hung<'_> {
+        self.bells().push(bell.clone());
+        Hung {
+            alarm: self,
+            bell: bell.clone(),
+        }
+    }
+}
+
+/// A bell hung on an alarm, taken down when dropped.
+struct Hung<'a> {
+    alarm: &'a Alarm,
+    bell: Arc<dyn Ring>,
+}
+
+impl Drop for Hung<'_> {
+    fn drop(&mut self) {
+        let mut bells = self.alarm.bells();
+        if let Some(i) = bells.iter().position(|b| Arc::ptr_eq(b, &self.bell)) {
+            bells.swap_remove(i);
+        }
+    }
+}
+
+/// One look of a bounded wait: how long it may sleep, and whether the
+/// alarm was raised since the wait last looked at the watch.
+pub(crate) struct Slice<'a> {
+    pub limit: Duration,
+    seen: u64,
+    alarm: &'a Alarm,
+}
+
+impl Slice<'_> {
+    /// Whether to stop sleeping and let the wait look at its watch again.
+    /// A waiter asks after taking the state its bell rings (the lock, the
+    /// device's generation) and before it sleeps.
+    pub(crate) fn rung(&self) -> bool {
+        self.alarm.raised() != self.seen
+    }
+}
 
 /// What may end a bounded wait early, and what running out of time looks
 /// like: the runtime's view of the group (a peer failed, the group was
@@ -70,10 +150,12 @@ pub(crate) trait Watch {
     fn check(&self) -> crate::error::Result<()>;
     /// The error for a wait that ran `after` without `what` happening.
     fn timed_out(&self, what: String, after: Duration) -> crate::error::Error;
+    /// Raised whenever `check` may have changed its answer.
+    fn alarm(&self) -> &Alarm;
 }
 
 /// A bounded wait made for one collective on one rank: at most `timeout`,
-/// in ticks, each followed by the watch's check.
+/// ended at once when the watch's alarm rings and its check fails.
 #[derive(Clone, Copy)]
 pub(crate) struct Patience<'a> {
     pub rank: usize,
@@ -83,17 +165,21 @@ pub(crate) struct Patience<'a> {
 }
 
 impl Patience<'_> {
-    /// Repeats `attempt` (which may block at most the slice it is given)
-    /// until it yields a value, the watch ends the wait, or the timeout
-    /// passes.
+    /// Repeats `attempt` (which sleeps on `bell` at most the slice it is
+    /// given, and not once the slice is rung) until it yields a value, the
+    /// watch ends the wait, or the timeout passes.
     pub(crate) fn until<T>(
         &self,
         what: impl Fn() -> String,
-        mut attempt: impl FnMut(Duration) -> crate::error::Result<Option<T>>,
+        bell: &Arc<dyn Ring>,
+        mut attempt: impl FnMut(&Slice<'_>) -> crate::error::Result<Option<T>>,
     ) -> crate::error::Result<T> {
         let start = Instant::now();
         let deadline = after_from(start, self.timeout);
+        let alarm = self.watch.alarm();
+        let _hung = alarm.hang(bell);
         loop {
+            let seen = alarm.raised();
             self.watch.check()?;
             let now = Instant::now();
             if now >= deadline {
@@ -101,7 +187,12 @@ impl Patience<'_> {
                     .watch
                     .timed_out(what(), now.saturating_duration_since(start)));
             }
-            if let Some(v) = attempt(deadline.saturating_duration_since(now).min(TICK))? {
+            let slice = Slice {
+                limit: deadline.saturating_duration_since(now),
+                seen,
+                alarm,
+            };
+            if let Some(v) = attempt(&slice)? {
                 return Ok(v);
             }
         }

@@ -401,3 +401,44 @@ fn losing_a_shared_device_is_a_device_error_on_every_rank_that_shares_it() {
         );
     }
 }
+
+/// Nothing polls health on a timer: a failure rings the waits it ends.
+/// With a timeout far longer than the test, a peer that only heard of the
+/// failure at its deadline would report `Timeout`; every peer must
+/// report the failure itself, under both placements (the shared device's
+/// meeting, and the hops and staging of devices of their own), whether it
+/// is waiting in a collective or a receive.
+#[test]
+fn a_failure_wakes_every_waiting_peer_instead_of_its_deadline() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = World::new(
+            WorldConfig::new(3)
+                .with_placement(placement)
+                .with_timeout(Duration::from_secs(120)),
+        )
+        .expect("world");
+        let r = w
+            .run(|c| -> Result<(), Error> {
+                let x = c.tensor(&[1.0f32; 4096])?;
+                match c.rank() {
+                    // Fails after its peers are waiting on it.
+                    2 => {
+                        std::thread::sleep(Duration::from_millis(200));
+                        Err(Error::InvalidArgument {
+                            rank: Some(2),
+                            what: "the test fails rank 2".into(),
+                        })
+                    }
+                    1 => c.recv(&x, 2)?.wait().map(|_| ()),
+                    _ => c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ()),
+                }
+            })
+            .expect("run");
+        for (rank, res) in r.iter().enumerate().take(2) {
+            match res {
+                Err(Error::PeerFailed { .. }) | Err(Error::Aborted { .. }) => {}
+                other => panic!("{placement:?}, rank {rank}: expected the failure, got {other:?}"),
+            }
+        }
+    }
+}

@@ -120,29 +120,42 @@ fn cycle(edges: &std::collections::BTreeMap<String, Vec<String>>) -> Option<Vec<
         .find_map(|m| visit(m, edges, &mut Vec::new(), &mut done))
 }
 
-/// Each module of `dir` (a layer's folder) and the modules of the same
-/// layer it names, before its unit tests.
+/// Each module of `dir` (a layer's folder: a file, or a folder of files
+/// taken as one module) and the modules of the same layer it names,
+/// before its unit tests.
 fn module_graph(dir: &Path, layer: &str) -> std::collections::BTreeMap<String, Vec<String>> {
-    let mut edges = std::collections::BTreeMap::new();
+    let mut edges: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let is_module = |d: &str| dir.join(format!("{d}.rs")).exists() || dir.join(d).is_dir();
     for file in sources(dir) {
-        let name = file
-            .file_stem()
-            .and_then(|s| s.to_str())
+        let rel = file.strip_prefix(dir).unwrap_or(&file);
+        let mut parts = rel.components();
+        let first = parts
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
             .unwrap_or("")
+            .trim_end_matches(".rs")
             .to_string();
-        if name == "mod" {
+        let nested = parts.next().is_some();
+        if first == "mod" {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let mut deps: Vec<String> = text
-            .lines()
-            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
-            .flat_map(|l| named_in(layer, l))
-            .filter(|d| *d != name && dir.join(format!("{d}.rs")).exists())
-            .collect();
+        let deps = edges.entry(first.clone()).or_default();
+        deps.extend(
+            text.lines()
+                .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+                // Inside a folder, `super::` is the folder's own module.
+                .flat_map(|l| {
+                    if nested {
+                        named_in(layer, &l.replace("super::", "self::"))
+                    } else {
+                        named_in(layer, l)
+                    }
+                })
+                .filter(|d| *d != first && is_module(d)),
+        );
         deps.sort();
         deps.dedup();
-        edges.insert(name, deps);
     }
     edges
 }
@@ -265,5 +278,24 @@ fn the_cycle_check_finds_a_cycle_through_three_modules() {
             "use crate::runtime::{hop, health::Health}; // crate::runtime::x"
         ),
         vec!["hop".to_string(), "health".to_string()]
+    );
+}
+
+#[test]
+fn a_folder_is_one_module_of_the_cycle_check() {
+    let dir = std::env::temp_dir().join(format!("layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("f")).expect("a temporary folder");
+    let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).expect("a file");
+    write("a.rs", "use crate::runtime::f::g::G;\n");
+    write("f/mod.rs", "pub(crate) mod g;\n");
+    write("f/g.rs", "use super::h::H;\nuse crate::runtime::a::A;\n");
+    write("f/h.rs", "pub(crate) struct H;\n");
+    let edges = module_graph(&dir, "runtime");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(edges.get("f"), Some(&vec!["a".to_string()]), "{edges:?}");
+    assert_eq!(
+        cycle(&edges),
+        Some(vec!["a".into(), "f".into(), "a".into()])
     );
 }

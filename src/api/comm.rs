@@ -21,14 +21,20 @@ use crate::device::tensor::{DType, Element, Tensor};
 use crate::device::{RankDevice, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
-use crate::runtime::collective::Collective;
-use crate::runtime::collectives::Units;
+use crate::runtime::collectives::all_gather::{AllGather, AllGatherCoalesced};
 use crate::runtime::collectives::all_gather_v::AllGatherV;
+use crate::runtime::collectives::all_reduce::{AllReduce, AllReduceCoalesced};
+use crate::runtime::collectives::all_to_all::AllToAll;
+use crate::runtime::collectives::barrier::Barrier;
 use crate::runtime::collectives::broadcast::Broadcast;
 use crate::runtime::collectives::gather::Gather;
 use crate::runtime::collectives::reduce::Reduce;
+use crate::runtime::collectives::reduce_scatter::{ReduceScatter, ReduceScatterCoalesced};
 use crate::runtime::collectives::reduce_scatter_v::ReduceScatterV;
 use crate::runtime::collectives::scatter::Scatter;
+use crate::runtime::collectives::send_recv::{Recv, Send};
+use crate::runtime::collectives::split::Split;
+use crate::runtime::collectives::{Collective, Seat};
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -60,8 +66,8 @@ impl Issuer {
         calls
             .map(|c| {
                 let counter = match &c.what {
-                    Collective::Send { peer, .. } => self.sends.get_mut(*peer),
-                    Collective::Recv { peer, .. } => self.recvs.get_mut(*peer),
+                    Collective::Send(c) => self.sends.get_mut(c.peer),
+                    Collective::Recv(c) => self.recvs.get_mut(c.peer),
                     _ => Some(&mut self.seq),
                 };
                 // Peers were checked against the group's size when the call was made.
@@ -92,7 +98,7 @@ impl Issuer {
 /// call runs (the plain calls), or one the caller gives (the `_into` and
 /// `_in_place` forms), so that each collective's checks are written once.
 #[derive(Clone, Copy)]
-enum Dest<'t> {
+pub(crate) enum Dest<'t> {
     New,
     Given(&'t Tensor),
 }
@@ -153,16 +159,6 @@ pub(crate) struct Call {
     what: Collective,
     inputs: Vec<Tensor>,
     outputs: Vec<Output>,
-}
-
-impl Call {
-    fn one(what: Collective, x: &Tensor, out: Output) -> Call {
-        Call {
-            what,
-            inputs: vec![x.clone()],
-            outputs: vec![out],
-        }
-    }
 }
 
 /// How a rank reaches the rest of its group: its ends of the links, and
@@ -412,7 +408,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.issue(self.all_reduce_call(x, op, Dest::New)?)
+        self.one(AllReduce::of(x, op), x, Dest::New)
     }
 
     /// Like [`all_reduce`](Self::all_reduce), leaving the result in `x`.
@@ -451,32 +447,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.issue(self.all_reduce_into_call(x, out, op)?)
-    }
-
-    /// The call [`all_reduce_into`](Self::all_reduce_into) issues, checked.
-    pub(crate) fn all_reduce_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        op: ReduceOp,
-    ) -> Result<Call> {
-        self.all_reduce_call(x, op, Dest::Given(out))
-    }
-
-    /// An all-reduce of `x` into `dest`, checked.
-    fn all_reduce_call(&self, x: &Tensor, op: ReduceOp, dest: Dest) -> Result<Call> {
-        self.check_reduce(x, op)?;
-        let out = self.dest(x, dest, x.len(), true)?;
-        Ok(Call::one(
-            Collective::AllReduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            out,
-        ))
+        self.one(AllReduce::of(x, op), x, Dest::Given(out))
     }
 
     /// Every rank's `x`, concatenated in rank order: length n x len.
@@ -493,7 +464,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather(&self, x: &Tensor) -> Result<Work> {
-        self.issue(self.all_gather_call(x, Dest::New)?)
+        self.one(AllGather::of(x), x, Dest::New)
     }
 
     /// Reduces `x` over all ranks and gives rank r the r-th of n equal
@@ -512,7 +483,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.issue(self.reduce_scatter_call(x, op, Dest::New)?)
+        self.one(ReduceScatter::of(x, op), x, Dest::New)
     }
 
     /// Every rank's `x`, concatenated in rank order, where rank r gives
@@ -533,7 +504,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather_v(&self, x: &Tensor, counts: &[usize]) -> Result<Work> {
-        self.issue(self.all_gather_v_call(x, counts, Dest::New)?)
+        self.one(AllGatherV::of(x, counts), x, Dest::New)
     }
 
     /// The reduction of every rank's `x`, of which rank r gets `counts[r]`
@@ -554,7 +525,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter_v(&self, x: &Tensor, counts: &[usize], op: ReduceOp) -> Result<Work> {
-        self.issue(self.reduce_scatter_v_call(x, counts, op, Dest::New)?)
+        self.one(ReduceScatterV::of(x, counts, op), x, Dest::New)
     }
 
     /// The root's `x` on every rank, in a new tensor (every rank passes a
@@ -572,7 +543,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Work> {
-        self.issue(self.broadcast_call(x, root, Dest::New)?)
+        self.one(Broadcast::of(x, root), x, Dest::New)
     }
 
     /// The reduction of every rank's `x`, in the root's output. Other
@@ -590,7 +561,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
-        self.issue(self.reduce_call(x, op, root, Dest::New)?)
+        self.one(Reduce::of(x, op, root), x, Dest::New)
     }
 
     /// Sends `send_counts[j]` elements of `x` (in order) to rank j and
@@ -620,64 +591,8 @@ impl Communicator {
         send_counts: Option<&[usize]>,
         recv_counts: Option<&[usize]>,
     ) -> Result<Work> {
-        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
-        let out = self.output(x.dtype(), len)?;
-        self.issue(Call::one(
-            Collective::AllToAll {
-                dtype: x.dtype(),
-                send,
-                recv,
-            },
-            x,
-            out,
-        ))
-    }
-
-    /// The send and receive counts of an all_to_all of `x`, and the output length.
-    fn check_all_to_all(
-        &self,
-        x: &Tensor,
-        send_counts: Option<&[usize]>,
-        recv_counts: Option<&[usize]>,
-    ) -> Result<(Vec<usize>, Vec<usize>, usize)> {
-        self.check_tensor(x)?;
-        let n = self.size();
-        let even = || -> Result<Vec<usize>> {
-            self.check_divisible(x)?;
-            Ok(vec![self.share(x); n])
-        };
-        let send = match send_counts {
-            Some(c) => self.check_counts("send_counts", c)?,
-            None => even()?,
-        };
-        let sent = self.count_sum("send_counts", &send)?;
-        if sent != x.len() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "send_counts {send:?} sum to {sent}, but the tensor has {} elements",
-                    x.len()
-                ),
-            ));
-        }
-        let recv = match recv_counts {
-            Some(c) => self.check_counts("recv_counts", c)?,
-            None => even()?,
-        };
-        let me = self.rank();
-        if send.get(me) != recv.get(me) {
-            return Err(Error::invalid(
-                me,
-                format!(
-                    "send_counts[{me}] = {:?} but recv_counts[{me}] = {:?}: what a rank sends \
-                     itself is what it receives from itself",
-                    send.get(me),
-                    recv.get(me)
-                ),
-            ));
-        }
-        let len = self.count_sum("recv_counts", &recv)?;
-        Ok((send, recv, len))
+        let what = self.all_to_all_of(x, send_counts, recv_counts)?;
+        self.one(what, x, Dest::New)
     }
 
     /// Like [`all_gather`](Self::all_gather), into `out` (n x `x.len()`
@@ -697,26 +612,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<Work> {
-        self.issue(self.all_gather_into_call(x, out)?)
-    }
-
-    /// The call [`all_gather_into`](Self::all_gather_into) issues, checked.
-    pub(crate) fn all_gather_into_call(&self, x: &Tensor, out: &Tensor) -> Result<Call> {
-        self.all_gather_call(x, Dest::Given(out))
-    }
-
-    /// An all-gather of `x` into `dest`, checked.
-    fn all_gather_call(&self, x: &Tensor, dest: Dest) -> Result<Call> {
-        self.check_tensor(x)?;
-        let out = self.dest(x, dest, self.gathered_len(x)?, false)?;
-        Ok(Call::one(
-            Collective::AllGather {
-                dtype: x.dtype(),
-                len: x.len(),
-            },
-            x,
-            out,
-        ))
+        self.one(AllGather::of(x), x, Dest::Given(out))
     }
 
     /// Like [`reduce_scatter`](Self::reduce_scatter), into `out`
@@ -736,75 +632,13 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.issue(self.reduce_scatter_into_call(x, out, op)?)
-    }
-
-    /// The call [`reduce_scatter_into`](Self::reduce_scatter_into) issues, checked.
-    pub(crate) fn reduce_scatter_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        op: ReduceOp,
-    ) -> Result<Call> {
-        self.reduce_scatter_call(x, op, Dest::Given(out))
-    }
-
-    /// A reduce-scatter of `x` into `dest`, checked.
-    fn reduce_scatter_call(&self, x: &Tensor, op: ReduceOp, dest: Dest) -> Result<Call> {
-        self.check_reduce(x, op)?;
-        self.check_divisible(x)?;
-        let out = self.dest(x, dest, self.share(x), false)?;
-        Ok(Call::one(
-            Collective::ReduceScatter {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-            },
-            x,
-            out,
-        ))
+        self.one(ReduceScatter::of(x, op), x, Dest::Given(out))
     }
 
     /// Like [`all_gather_v`](Self::all_gather_v), into `out` (the sum of
     /// `counts` elements of `x`'s dtype, not overlapping `x`).
     pub fn all_gather_v_into(&self, x: &Tensor, out: &Tensor, counts: &[usize]) -> Result<Work> {
-        self.issue(self.all_gather_v_into_call(x, out, counts)?)
-    }
-
-    /// The call [`all_gather_v_into`](Self::all_gather_v_into) issues, checked.
-    pub(crate) fn all_gather_v_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        counts: &[usize],
-    ) -> Result<Call> {
-        self.all_gather_v_call(x, counts, Dest::Given(out))
-    }
-
-    /// An all_gather_v of `x` into `dest`, checked.
-    fn all_gather_v_call(&self, x: &Tensor, counts: &[usize], dest: Dest) -> Result<Call> {
-        self.check_tensor(x)?;
-        let counts = self.check_counts("counts", counts)?;
-        let total = self.count_sum("counts", &counts)?;
-        let mine = counts.get(self.rank()).copied().unwrap_or(0);
-        if x.len() != mine {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "all_gather_v: this rank's tensor has {} elements, but counts {counts:?} give it {mine}",
-                    x.len()
-                ),
-            ));
-        }
-        let out = self.dest(x, dest, total, false)?;
-        Ok(Call::one(
-            Collective::Unit(Units::AllGatherV(AllGatherV {
-                dtype: x.dtype(),
-                counts,
-            })),
-            x,
-            out,
-        ))
+        self.one(AllGatherV::of(x, counts), x, Dest::Given(out))
     }
 
     /// Like [`reduce_scatter_v`](Self::reduce_scatter_v), into `out`
@@ -816,51 +650,7 @@ impl Communicator {
         counts: &[usize],
         op: ReduceOp,
     ) -> Result<Work> {
-        self.issue(self.reduce_scatter_v_into_call(x, out, counts, op)?)
-    }
-
-    /// The call [`reduce_scatter_v_into`](Self::reduce_scatter_v_into) issues, checked.
-    pub(crate) fn reduce_scatter_v_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        counts: &[usize],
-        op: ReduceOp,
-    ) -> Result<Call> {
-        self.reduce_scatter_v_call(x, counts, op, Dest::Given(out))
-    }
-
-    /// A reduce_scatter_v of `x` into `dest`, checked.
-    fn reduce_scatter_v_call(
-        &self,
-        x: &Tensor,
-        counts: &[usize],
-        op: ReduceOp,
-        dest: Dest,
-    ) -> Result<Call> {
-        self.check_reduce(x, op)?;
-        let counts = self.check_counts("counts", counts)?;
-        let total = self.count_sum("counts", &counts)?;
-        if x.len() != total {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "reduce_scatter_v: the tensor has {} elements, but counts {counts:?} add up to {total}",
-                    x.len()
-                ),
-            ));
-        }
-        let mine = counts.get(self.rank()).copied().unwrap_or(0);
-        let out = self.dest(x, dest, mine, false)?;
-        Ok(Call::one(
-            Collective::Unit(Units::ReduceScatterV(ReduceScatterV {
-                dtype: x.dtype(),
-                counts,
-                op,
-            })),
-            x,
-            out,
-        ))
+        self.one(ReduceScatterV::of(x, counts, op), x, Dest::Given(out))
     }
 
     /// Like [`broadcast`](Self::broadcast), into `out` (`x`'s dtype and
@@ -880,7 +670,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
-        self.issue(self.broadcast_into_call(x, out, root)?)
+        self.one(Broadcast::of(x, root), x, Dest::Given(out))
     }
 
     /// Like [`broadcast`](Self::broadcast), in place, as torch's
@@ -903,32 +693,6 @@ impl Communicator {
         self.broadcast_into(x, x, root)
     }
 
-    /// The call [`broadcast_into`](Self::broadcast_into) issues, checked.
-    pub(crate) fn broadcast_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        root: usize,
-    ) -> Result<Call> {
-        self.broadcast_call(x, root, Dest::Given(out))
-    }
-
-    /// A broadcast from `root` into `dest`, checked.
-    fn broadcast_call(&self, x: &Tensor, root: usize, dest: Dest) -> Result<Call> {
-        self.check_tensor(x)?;
-        self.check_root(root)?;
-        let out = self.dest(x, dest, x.len(), true)?;
-        Ok(Call::one(
-            Collective::Unit(Units::Broadcast(Broadcast {
-                dtype: x.dtype(),
-                len: x.len(),
-                root,
-            })),
-            x,
-            out,
-        ))
-    }
-
     /// Like [`reduce`](Self::reduce), into `out` (`x`'s dtype and length;
     /// `x` itself for in place).
     ///
@@ -946,7 +710,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
-        self.issue(self.reduce_into_call(x, out, op, root)?)
+        self.one(Reduce::of(x, op, root), x, Dest::Given(out))
     }
 
     /// Like [`reduce`](Self::reduce), in place, as torch's
@@ -968,34 +732,6 @@ impl Communicator {
     /// ```
     pub fn reduce_in_place(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<Work> {
         self.reduce_into(x, x, op, root)
-    }
-
-    /// The call [`reduce_into`](Self::reduce_into) issues, checked.
-    pub(crate) fn reduce_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Call> {
-        self.reduce_call(x, op, root, Dest::Given(out))
-    }
-
-    /// A reduction to `root` into `dest`, checked.
-    fn reduce_call(&self, x: &Tensor, op: ReduceOp, root: usize, dest: Dest) -> Result<Call> {
-        self.check_reduce(x, op)?;
-        self.check_root(root)?;
-        let out = self.dest(x, dest, x.len(), true)?;
-        Ok(Call::one(
-            Collective::Unit(Units::Reduce(Reduce {
-                dtype: x.dtype(),
-                len: x.len(),
-                op,
-                root,
-            })),
-            x,
-            out,
-        ))
     }
 
     /// Like [`all_to_all`](Self::all_to_all), into `out` (the sum of the
@@ -1022,28 +758,8 @@ impl Communicator {
         send_counts: Option<&[usize]>,
         recv_counts: Option<&[usize]>,
     ) -> Result<Work> {
-        self.issue(self.all_to_all_into_call(x, out, send_counts, recv_counts)?)
-    }
-
-    /// The call [`all_to_all_into`](Self::all_to_all_into) issues, checked.
-    pub(crate) fn all_to_all_into_call(
-        &self,
-        x: &Tensor,
-        out: &Tensor,
-        send_counts: Option<&[usize]>,
-        recv_counts: Option<&[usize]>,
-    ) -> Result<Call> {
-        let (send, recv, len) = self.check_all_to_all(x, send_counts, recv_counts)?;
-        let out = self.given(x, out, len, false)?;
-        Ok(Call::one(
-            Collective::AllToAll {
-                dtype: x.dtype(),
-                send,
-                recv,
-            },
-            x,
-            out,
-        ))
+        let what = self.all_to_all_of(x, send_counts, recv_counts)?;
+        self.one(what, x, Dest::Given(out))
     }
 
     /// Gathers every rank's `x` into the root's `out` (n x `x.len()`
@@ -1064,28 +780,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn gather_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
-        self.issue(self.gather_into_call(x, out, root)?)
-    }
-
-    /// The call [`gather_into`](Self::gather_into) issues, checked.
-    pub(crate) fn gather_into_call(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Call> {
-        self.check_tensor(x)?;
-        self.check_root(root)?;
-        let out = if self.rank() == root {
-            self.given(x, out, self.gathered_len(x)?, false)?
-        } else {
-            self.check_tensor(out)?;
-            Output::Given(out.clone())
-        };
-        Ok(Call::one(
-            Collective::Unit(Units::Gather(Gather {
-                dtype: x.dtype(),
-                len: x.len(),
-                root,
-            })),
-            x,
-            out,
-        ))
+        self.one(Gather::of(x, root), x, Dest::Given(out))
     }
 
     /// Scatters the root's `x` (n x `out.len()` elements): rank r's `out`
@@ -1106,47 +801,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn scatter_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Work> {
-        self.issue(self.scatter_into_call(x, out, root)?)
-    }
-
-    /// The call [`scatter_into`](Self::scatter_into) issues, checked.
-    pub(crate) fn scatter_into_call(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<Call> {
-        self.check_tensor(x)?;
-        self.check_tensor(out)?;
-        self.check_root(root)?;
-        if self.rank() == root {
-            let want = self.gathered_len(out)?;
-            let why = if x.dtype() != out.dtype() {
-                Some(format!(
-                    "the input is a {} tensor, the output a {} one",
-                    x.dtype(),
-                    out.dtype()
-                ))
-            } else if x.len() != want {
-                Some(format!(
-                    "the root's input has {} elements, {want} expected ({} ranks x {})",
-                    x.len(),
-                    self.size(),
-                    out.len()
-                ))
-            } else if x.overlaps(out) {
-                Some("the output overlaps the input".to_string())
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(Error::invalid(self.rank(), why));
-            }
-        }
-        Ok(Call::one(
-            Collective::Unit(Units::Scatter(Scatter {
-                dtype: out.dtype(),
-                len: out.len(),
-                root,
-            })),
-            x,
-            Output::Given(out.clone()),
-        ))
+        self.one(Scatter::of(out, root), x, Dest::Given(out))
     }
 
     /// Sends `x` to rank `peer`, which receives it with
@@ -1181,45 +836,14 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn send(&self, x: &Tensor, peer: usize) -> Result<Work> {
-        self.issue(self.send_call(x, peer)?)
-    }
-
-    /// The call [`send`](Self::send) issues, checked.
-    pub(crate) fn send_call(&self, x: &Tensor, peer: usize) -> Result<Call> {
-        self.check_tensor(x)?;
-        self.check_peer(peer)?;
-        let empty = self.output(x.dtype(), 0)?;
-        Ok(Call::one(
-            Collective::Send {
-                dtype: x.dtype(),
-                len: x.len(),
-                peer,
-            },
-            x,
-            empty,
-        ))
+        self.one(Send::of(x, peer), x, Dest::New)
     }
 
     /// Receives into `out` what rank `peer` sends with
     /// [`send`](Self::send) (see there for the pairing); `wait()` returns
     /// `out`.
     pub fn recv(&self, out: &Tensor, peer: usize) -> Result<Work> {
-        self.issue(self.recv_call(out, peer)?)
-    }
-
-    /// The call [`recv`](Self::recv) issues, checked.
-    pub(crate) fn recv_call(&self, out: &Tensor, peer: usize) -> Result<Call> {
-        self.check_tensor(out)?;
-        self.check_peer(peer)?;
-        Ok(Call {
-            what: Collective::Recv {
-                dtype: out.dtype(),
-                len: out.len(),
-                peer,
-            },
-            inputs: Vec::new(),
-            outputs: vec![Output::Given(out.clone())],
-        })
+        self.issue(self.call(Recv::of(out, peer).into(), &[], Dest::Given(out))?)
     }
 
     /// Launches every call `calls` makes on its [`Group`] together, as
@@ -1260,68 +884,6 @@ impl Communicator {
         self.issue_all(g.into_calls())
     }
 
-    fn check_peer(&self, peer: usize) -> Result<()> {
-        if peer >= self.size() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!("peer {peer} is not a rank of a group of {}", self.size()),
-            ));
-        }
-        if peer == self.rank() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!("rank {peer} cannot send to or receive from itself"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The output `dest` names for input `x`, of `len` elements: a new
-    /// tensor, or the caller's, checked (see [`given`](Self::given)).
-    fn dest(&self, x: &Tensor, dest: Dest, len: usize, in_place: bool) -> Result<Output> {
-        match dest {
-            Dest::New => self.output(x.dtype(), len),
-            Dest::Given(out) => self.given(x, out, len, in_place),
-        }
-    }
-
-    /// Checks an output the caller gives for input `x`: this rank's, of
-    /// `x`'s dtype and `len` elements, and either `x` itself (when
-    /// `in_place` is allowed) or sharing no byte with it.
-    fn given(&self, x: &Tensor, out: &Tensor, len: usize, in_place: bool) -> Result<Output> {
-        self.check_tensor(out)?;
-        let me = self.rank();
-        if out.dtype() != x.dtype() {
-            return Err(Error::invalid(
-                me,
-                format!(
-                    "the output is a {} tensor, the input a {} one",
-                    out.dtype(),
-                    x.dtype()
-                ),
-            ));
-        }
-        if out.len() != len {
-            return Err(Error::invalid(
-                me,
-                format!("the output has {} elements, {len} expected", out.len()),
-            ));
-        }
-        let same = x.same_view(out);
-        if (same && !in_place) || (!same && x.overlaps(out)) {
-            return Err(Error::invalid(
-                me,
-                if same {
-                    "this collective cannot run in place: give an output apart from the input"
-                        .to_string()
-                } else {
-                    "the output overlaps the input without being it".to_string()
-                },
-            ));
-        }
-        Ok(Output::Given(out.clone()))
-    }
-
     /// Completes once every rank has called it.
     ///
     /// ```
@@ -1336,13 +898,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn barrier(&self) -> Result<Work> {
-        // Its `Work` gives an empty tensor.
-        let out = self.output(DType::F32, 0)?;
-        self.issue(Call {
-            what: Collective::Barrier,
-            inputs: Vec::new(),
-            outputs: vec![out],
-        })
+        self.issue(self.call(Barrier.into(), &[], Dest::New)?)
     }
 
     /// All-reduces several tensors of one dtype in one ring pass over their
@@ -1361,16 +917,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_reduce_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
-        let dtype = self.check_coalesced(xs)?;
-        for x in xs {
-            self.check_reduce(x, op)?;
-        }
-        let outs = xs
-            .iter()
-            .map(|x| self.output(x.dtype(), x.len()))
-            .collect::<Result<_>>()?;
-        let lens = xs.iter().map(Tensor::len).collect();
-        self.issue_coalesced(Collective::AllReduceCoalesced { dtype, lens, op }, xs, outs)
+        self.issue(self.call(AllReduceCoalesced::of(xs, op).into(), xs, Dest::New)?)
     }
 
     /// `all_gather` of several tensors of one dtype as one `Work`.
@@ -1388,13 +935,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn all_gather_coalesced(&self, xs: &[Tensor]) -> Result<Work> {
-        let dtype = self.check_coalesced(xs)?;
-        let outs = xs
-            .iter()
-            .map(|x| self.output(x.dtype(), self.gathered_len(x)?))
-            .collect::<Result<_>>()?;
-        let lens = xs.iter().map(Tensor::len).collect();
-        self.issue_coalesced(Collective::AllGatherCoalesced { dtype, lens }, xs, outs)
+        self.issue(self.call(AllGatherCoalesced::of(xs).into(), xs, Dest::New)?)
     }
 
     /// `reduce_scatter` of several tensors of one dtype as one `Work`.
@@ -1412,40 +953,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn reduce_scatter_coalesced(&self, xs: &[Tensor], op: ReduceOp) -> Result<Work> {
-        let dtype = self.check_coalesced(xs)?;
-        for x in xs {
-            self.check_reduce(x, op)?;
-            self.check_divisible(x)?;
-        }
-        let outs = xs
-            .iter()
-            .map(|x| self.output(x.dtype(), self.share(x)))
-            .collect::<Result<_>>()?;
-        let lens = xs.iter().map(Tensor::len).collect();
-        self.issue_coalesced(
-            Collective::ReduceScatterCoalesced { dtype, lens, op },
-            xs,
-            outs,
-        )
-    }
-
-    fn issue_coalesced(
-        &self,
-        what: Collective,
-        xs: &[Tensor],
-        outputs: Vec<Output>,
-    ) -> Result<Work> {
-        // all_reduce_coalesced rings over their concatenation, which must
-        // fit one buffer; the gather and scatter run tensor by tensor.
-        if let Collective::AllReduceCoalesced { dtype, lens, .. } = &what {
-            let len = self.count_sum("coalesced tensor lengths", lens)?;
-            Tensor::buffer_size(&self.inner.dev, *dtype, len)?;
-        }
-        self.issue(Call {
-            what,
-            inputs: xs.to_vec(),
-            outputs,
-        })
+        self.issue(self.call(ReduceScatterCoalesced::of(xs, op).into(), xs, Dest::New)?)
     }
 
     /// Splits the group, as `ncclCommSplit`: a collective over this
@@ -1469,7 +977,7 @@ impl Communicator {
     /// ```
     pub fn split(&self, color: Option<u32>, key: usize) -> Result<Option<Communicator>> {
         let work = self.issue(Call {
-            what: Collective::Split { color, key },
+            what: Collective::Split(Split { color, key }),
             inputs: Vec::new(),
             outputs: Vec::new(),
         })?;
@@ -1531,102 +1039,130 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<()> {
-        self.check_tensor(x)?;
-        if !op.supports(x.dtype()) {
+    /// This rank's seat in the group, as units check calls against it.
+    fn seat(&self) -> Seat {
+        Seat {
+            rank: self.rank(),
+            size: self.size(),
+        }
+    }
+
+    /// An all_to_all of `x` with the counts given (even shares where none are).
+    pub(crate) fn all_to_all_of(
+        &self,
+        x: &Tensor,
+        send_counts: Option<&[usize]>,
+        recv_counts: Option<&[usize]>,
+    ) -> Result<AllToAll> {
+        AllToAll::new(self.seat(), x.dtype(), x.len(), send_counts, recv_counts)
+            .map_err(|why| Error::invalid(self.rank(), why))
+    }
+
+    /// Issues the one-tensor call `what` of `x` into `dest`.
+    fn one(&self, what: impl Into<Collective>, x: &Tensor, dest: Dest) -> Result<Work> {
+        self.issue(self.call(what.into(), std::slice::from_ref(x), dest)?)
+    }
+
+    /// The one path every call takes: its tensors this rank's and of its
+    /// dtype, its operator defined on that dtype, and its unit's own
+    /// checks and layout (`Unit::layout`). It has an output per input (one
+    /// when it has none): new, or the caller's `dest` checked against the
+    /// layout alike, so `foo(&x)` is `foo_into` with a new output.
+    pub(crate) fn call(&self, what: Collective, xs: &[Tensor], dest: Dest) -> Result<Call> {
+        let me = self.rank();
+        let unit = what.unit();
+        let dtype = unit.dtype().unwrap_or(DType::F32);
+        let reads = unit.reads_input(me);
+        for x in xs {
+            self.check_tensor(x)?;
+            if reads && x.dtype() != dtype {
+                return Err(Error::invalid(
+                    me,
+                    format!(
+                        "{}: its tensors must share a dtype: {dtype} and {}",
+                        what.kind().name(),
+                        x.dtype()
+                    ),
+                ));
+            }
+        }
+        if let Some(op) = unit.op().filter(|op| !op.supports(dtype)) {
             return Err(Error::invalid(
-                self.inner.rank,
-                format!("reduce op {op} needs an integer dtype, got {}", x.dtype()),
+                me,
+                format!("reduce op {op} needs an integer dtype, got {dtype}"),
             ));
         }
-        Ok(())
-    }
-
-    fn check_divisible(&self, x: &Tensor) -> Result<()> {
-        if x.len().checked_rem(self.size()) != Some(0) {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "a tensor of {} elements cannot be split evenly over {} ranks",
-                    x.len(),
-                    self.size()
-                ),
-            ));
+        let mut outputs = Vec::with_capacity(xs.len().max(1));
+        for i in 0..xs.len().max(1) {
+            let x = xs.get(i);
+            let layout = unit
+                .layout(self.seat(), x.map_or(0, Tensor::len))
+                .map_err(|why| Error::invalid(me, why))?;
+            if layout.scratch > 0 {
+                Tensor::buffer_size(&self.inner.dev, dtype, layout.scratch)?;
+            }
+            let out = match (dest, layout.out) {
+                (Dest::New, len) => self.output(dtype, len.unwrap_or(0))?,
+                (Dest::Given(out), None) => {
+                    self.check_tensor(out)?;
+                    Output::Given(out.clone())
+                }
+                (Dest::Given(out), Some(len)) => {
+                    self.given(dtype, x.filter(|_| reads), out, len, layout.in_place)?
+                }
+            };
+            outputs.push(out);
         }
-        Ok(())
-    }
-
-    fn check_root(&self, root: usize) -> Result<()> {
-        if root >= self.size() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!("root {root} is not a rank of a group of {}", self.size()),
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_counts(&self, what: &str, counts: &[usize]) -> Result<Vec<usize>> {
-        if counts.len() != self.size() {
-            return Err(Error::invalid(
-                self.rank(),
-                format!(
-                    "{what} has {} entries, but the group has {} ranks",
-                    counts.len(),
-                    self.size()
-                ),
-            ));
-        }
-        Ok(counts.to_vec())
-    }
-
-    /// This rank's even share of `x`.
-    fn share(&self, x: &Tensor) -> usize {
-        x.len().checked_div(self.size()).unwrap_or(0)
-    }
-
-    /// The length of `x` gathered from every rank.
-    fn gathered_len(&self, x: &Tensor) -> Result<usize> {
-        x.len().checked_mul(self.size()).ok_or_else(|| {
-            Error::invalid(
-                self.rank(),
-                format!(
-                    "gathering {} elements from {} ranks overflows",
-                    x.len(),
-                    self.size()
-                ),
-            )
+        Ok(Call {
+            what,
+            inputs: xs.to_vec(),
+            outputs,
         })
     }
 
-    /// The sum of `counts`, which must not overflow.
-    fn count_sum(&self, what: &str, counts: &[usize]) -> Result<usize> {
-        counts
-            .iter()
-            .try_fold(0usize, |a, &c| a.checked_add(c))
-            .ok_or_else(|| {
-                Error::invalid(
-                    self.rank(),
-                    format!("{what} {counts:?}: their sum overflows"),
-                )
-            })
-    }
-
-    fn check_coalesced(&self, xs: &[Tensor]) -> Result<DType> {
-        for x in xs {
-            self.check_tensor(x)?;
-        }
-        let dtype = xs.first().map_or(DType::F32, Tensor::dtype);
-        if let Some(x) = xs.iter().find(|x| x.dtype() != dtype) {
+    /// Checks an output the caller gives: this rank's, of `dtype` and
+    /// `len` elements, and either the input `x` itself (when `in_place`
+    /// is allowed) or sharing no byte with it.
+    fn given(
+        &self,
+        dtype: DType,
+        x: Option<&Tensor>,
+        out: &Tensor,
+        len: usize,
+        in_place: bool,
+    ) -> Result<Output> {
+        self.check_tensor(out)?;
+        let me = self.rank();
+        if out.dtype() != dtype {
             return Err(Error::invalid(
-                self.rank(),
+                me,
                 format!(
-                    "coalesced tensors must share a dtype: {dtype} and {}",
-                    x.dtype()
+                    "the output is a {} tensor, the input a {dtype} one",
+                    out.dtype(),
                 ),
             ));
         }
-        Ok(dtype)
+        if out.len() != len {
+            return Err(Error::invalid(
+                me,
+                format!("the output has {} elements, {len} expected", out.len()),
+            ));
+        }
+        if let Some(x) = x {
+            let same = x.same_view(out);
+            if (same && !in_place) || (!same && x.overlaps(out)) {
+                return Err(Error::invalid(
+                    me,
+                    if same {
+                        "this collective cannot run in place: give an output apart from the input"
+                            .to_string()
+                    } else {
+                        "the output overlaps the input without being it".to_string()
+                    },
+                ));
+            }
+        }
+        Ok(Output::Given(out.clone()))
     }
 
     fn issue(&self, call: Call) -> Result<Work> {
@@ -1682,7 +1218,7 @@ impl Communicator {
         }
         // An empty group's Work is named after the place it takes in the
         // sequence; a group's after its first call.
-        let empty = Collective::Barrier.fingerprint(issuer.seq);
+        let empty = Collective::Barrier(Barrier).fingerprint(issuer.seq);
         let items = issuer.number(calls);
         let fp = items.first().map_or(empty, |it| it.fp);
         issuer.owner = Some(me);

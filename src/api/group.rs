@@ -8,10 +8,21 @@
 
 use std::cell::RefCell;
 
-use crate::api::comm::{Call, Communicator};
+use crate::api::comm::{Call, Communicator, Dest};
 use crate::device::tensor::Tensor;
 use crate::error::Result;
 use crate::op::ReduceOp;
+use crate::runtime::collectives::Collective;
+use crate::runtime::collectives::all_gather::AllGather;
+use crate::runtime::collectives::all_gather_v::AllGatherV;
+use crate::runtime::collectives::all_reduce::AllReduce;
+use crate::runtime::collectives::broadcast::Broadcast;
+use crate::runtime::collectives::gather::Gather;
+use crate::runtime::collectives::reduce::Reduce;
+use crate::runtime::collectives::reduce_scatter::ReduceScatter;
+use crate::runtime::collectives::reduce_scatter_v::ReduceScatterV;
+use crate::runtime::collectives::scatter::Scatter;
+use crate::runtime::collectives::send_recv::{Recv, Send};
 
 /// The calls of one [`Communicator::group`]. Each method checks its
 /// arguments as the communicator's method of the same name does, and
@@ -49,6 +60,15 @@ impl<'a> Group<'a> {
         Ok(())
     }
 
+    /// Adds the one-tensor call `what` of `x` into `out`, checked as the
+    /// communicator checks every call.
+    fn one(&self, what: impl Into<Collective>, x: &Tensor, out: &Tensor) -> Result<()> {
+        self.add(
+            self.comm
+                .call(what.into(), std::slice::from_ref(x), Dest::Given(out)),
+        )
+    }
+
     /// The communicator the group's calls go to.
     pub fn communicator(&self) -> &Communicator {
         self.comm
@@ -56,47 +76,53 @@ impl<'a> Group<'a> {
 
     /// [`Communicator::send`], launched with the group.
     pub fn send(&self, x: &Tensor, peer: usize) -> Result<()> {
-        self.add(self.comm.send_call(x, peer))
+        self.add(
+            self.comm
+                .call(Send::of(x, peer).into(), std::slice::from_ref(x), Dest::New),
+        )
     }
 
     /// [`Communicator::recv`], launched with the group.
     pub fn recv(&self, out: &Tensor, peer: usize) -> Result<()> {
-        self.add(self.comm.recv_call(out, peer))
+        self.add(
+            self.comm
+                .call(Recv::of(out, peer).into(), &[], Dest::Given(out)),
+        )
     }
 
     /// [`Communicator::all_reduce_into`], launched with the group.
     pub fn all_reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<()> {
-        self.add(self.comm.all_reduce_into_call(x, out, op))
+        self.one(AllReduce::of(x, op), x, out)
     }
 
     /// [`Communicator::all_reduce_in_place`], launched with the group.
     pub fn all_reduce_in_place(&self, x: &Tensor, op: ReduceOp) -> Result<()> {
-        self.add(self.comm.all_reduce_into_call(x, x, op))
+        self.one(AllReduce::of(x, op), x, x)
     }
 
     /// [`Communicator::broadcast_in_place`], launched with the group.
     pub fn broadcast_in_place(&self, x: &Tensor, root: usize) -> Result<()> {
-        self.add(self.comm.broadcast_into_call(x, x, root))
+        self.one(Broadcast::of(x, root), x, x)
     }
 
     /// [`Communicator::reduce_in_place`], launched with the group.
     pub fn reduce_in_place(&self, x: &Tensor, op: ReduceOp, root: usize) -> Result<()> {
-        self.add(self.comm.reduce_into_call(x, x, op, root))
+        self.one(Reduce::of(x, op, root), x, x)
     }
 
     /// [`Communicator::all_gather_into`], launched with the group.
     pub fn all_gather_into(&self, x: &Tensor, out: &Tensor) -> Result<()> {
-        self.add(self.comm.all_gather_into_call(x, out))
+        self.one(AllGather::of(x), x, out)
     }
 
     /// [`Communicator::reduce_scatter_into`], launched with the group.
     pub fn reduce_scatter_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp) -> Result<()> {
-        self.add(self.comm.reduce_scatter_into_call(x, out, op))
+        self.one(ReduceScatter::of(x, op), x, out)
     }
 
     /// [`Communicator::all_gather_v_into`], launched with the group.
     pub fn all_gather_v_into(&self, x: &Tensor, out: &Tensor, counts: &[usize]) -> Result<()> {
-        self.add(self.comm.all_gather_v_into_call(x, out, counts))
+        self.one(AllGatherV::of(x, counts), x, out)
     }
 
     /// [`Communicator::reduce_scatter_v_into`], launched with the group.
@@ -107,17 +133,17 @@ impl<'a> Group<'a> {
         counts: &[usize],
         op: ReduceOp,
     ) -> Result<()> {
-        self.add(self.comm.reduce_scatter_v_into_call(x, out, counts, op))
+        self.one(ReduceScatterV::of(x, counts, op), x, out)
     }
 
     /// [`Communicator::broadcast_into`], launched with the group.
     pub fn broadcast_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<()> {
-        self.add(self.comm.broadcast_into_call(x, out, root))
+        self.one(Broadcast::of(x, root), x, out)
     }
 
     /// [`Communicator::reduce_into`], launched with the group.
     pub fn reduce_into(&self, x: &Tensor, out: &Tensor, op: ReduceOp, root: usize) -> Result<()> {
-        self.add(self.comm.reduce_into_call(x, out, op, root))
+        self.one(Reduce::of(x, op, root), x, out)
     }
 
     /// [`Communicator::all_to_all_into`], launched with the group.
@@ -128,19 +154,17 @@ impl<'a> Group<'a> {
         send_counts: Option<&[usize]>,
         recv_counts: Option<&[usize]>,
     ) -> Result<()> {
-        self.add(
-            self.comm
-                .all_to_all_into_call(x, out, send_counts, recv_counts),
-        )
+        let what = self.comm.all_to_all_of(x, send_counts, recv_counts)?;
+        self.one(what, x, out)
     }
 
     /// [`Communicator::gather_into`], launched with the group.
     pub fn gather_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<()> {
-        self.add(self.comm.gather_into_call(x, out, root))
+        self.one(Gather::of(x, root), x, out)
     }
 
     /// [`Communicator::scatter_into`], launched with the group.
     pub fn scatter_into(&self, x: &Tensor, out: &Tensor, root: usize) -> Result<()> {
-        self.add(self.comm.scatter_into_call(x, out, root))
+        self.one(Scatter::of(out, root), x, out)
     }
 }

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use crate::device::tensor::Tensor;
 use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
-use crate::runtime::collective::SplitTable;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::plan::Plan;
+use crate::runtime::work_state::SplitTable;
 use crate::runtime::work_state::{Phase, WorkState};
 
 /// An asynchronous collective in flight: wait on it (or `.await` it) to get

@@ -310,7 +310,7 @@ impl Drop for RunGuard<'_> {
 
 impl Drop for World {
     /// Aborts whatever is still in flight, so that a rank waiting for a
-    /// peer that will never issue fails within a tick instead of holding
+    /// peer that will never issue fails at once instead of holding
     /// the drop for the whole timeout; then each communicator's progress
     /// thread drains its queue (every op fails at once) and is joined.
     /// Communicators made by `split` from this world fail from then on too.
@@ -806,6 +806,9 @@ mod tests {
             limit: Duration,
         ) -> std::result::Result<Option<Packet>, crate::transport::Closed> {
             self.0.recv(peer, lane, limit)
+        }
+        fn wake(&self) -> &Arc<crate::transport::Wake> {
+            self.0.wake()
         }
         fn carries_loans(&self, _peer: usize) -> bool {
             false

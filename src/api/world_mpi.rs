@@ -8,7 +8,7 @@
 //! instead of pairing the wrong collectives or hanging.
 //!
 //! A failure recorded in one process is passed on to the others, so that
-//! their ranks fail within a tick as ranks of one process do. A process
+//! their ranks fail at once as ranks of one process do. A process
 //! that dies cannot say so: its peers' waits end at their deadline, naming
 //! the rank they were waiting for.
 

@@ -412,13 +412,30 @@ impl RankDevice {
 
     /// Waits for `t` without taking this device's faults, which are its
     /// own rank's to report: for another rank, one that borrowed a buffer
-    /// this device fills. `Ok(false)` when it is still running after `limit`.
+    /// this device fills. `Ok(false)` when it is still running after
+    /// `limit`, or anything happened after generation `seen`.
     pub(crate) fn wait_quietly(
         &self,
         t: Ticket,
+        seen: u64,
         limit: Duration,
     ) -> std::result::Result<bool, String> {
-        self.owner.wait(t, limit)
+        self.owner.wait_since(t, Some(seen), limit)
+    }
+
+    /// Waits for `t` until `limit` passes or anything happens after
+    /// generation `seen` (a completion, a map, a fault, a ring of
+    /// [`map_signal`](Self::map_signal)); this device's faults are errors.
+    pub(crate) fn poll_since(
+        &self,
+        t: Ticket,
+        seen: u64,
+        limit: Duration,
+        seq: Option<u64>,
+    ) -> Result<bool> {
+        let r = self.owner.wait_since(t, Some(seen), limit);
+        self.check(seq)?;
+        r.map_err(|e| Error::device(self.rank, seq, format!("waiting for a submission: {e}")))
     }
 
     /// Runs `f` once `t` completes (`true`) or the device fails (`false`).

@@ -71,6 +71,12 @@ pub(crate) struct Signal {
     work: Condvar,
 }
 
+impl crate::deadline::Ring for Signal {
+    fn ring(&self) {
+        self.notify();
+    }
+}
+
 impl Signal {
     /// Wakes every waiter: something they may wait for has happened (a
     /// map callback fired).
@@ -195,8 +201,22 @@ impl Owner {
     /// Waits until `t` has completed (`Ok(true)`), `limit` has passed
     /// (`Ok(false)`) or the device has failed for good (`Err` with why).
     pub(crate) fn wait(&self, t: Ticket, limit: Duration) -> std::result::Result<bool, String> {
+        self.wait_since(t, None, limit)
+    }
+
+    /// Like [`wait`](Self::wait), returning early too once anything
+    /// happens after generation `seen` (see [`wait_change`](Self::wait_change)).
+    pub(crate) fn wait_since(
+        &self,
+        t: Ticket,
+        seen: Option<u64>,
+        limit: Duration,
+    ) -> std::result::Result<bool, String> {
+        let generation = &self.signal.generation;
         let s = self.sleep_while(limit, |s| {
-            s.done < t.0 && !s.fault.as_ref().is_some_and(|(_, permanent)| *permanent)
+            s.done < t.0
+                && !s.fault.as_ref().is_some_and(|(_, permanent)| *permanent)
+                && seen.is_none_or(|g| generation.load(Ordering::SeqCst) == g)
         });
         if s.done >= t.0 {
             return Ok(true);

@@ -12,9 +12,9 @@
 //! placement. Ranks alone on their device post nothing and never wait.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-use crate::deadline::Patience;
+use crate::deadline::{Patience, Ring};
 use crate::device::lock;
 use crate::device::tensor::Tensor;
 use crate::error::{Error, Result};
@@ -41,8 +41,22 @@ pub(crate) struct Claims {
     /// Each rank's device, where it runs in this process: ranks with the
     /// same key share a device.
     devices: Vec<Option<usize>>,
+    posts: Arc<Posts>,
+}
+
+/// The boards, and the condition their posts are announced on (which a
+/// raised alarm rings too).
+#[derive(Default)]
+struct Posts {
     boards: Mutex<HashMap<u64, Board>>,
     posted: Condvar,
+}
+
+impl Ring for Posts {
+    fn ring(&self) {
+        let _b = lock(&self.boards);
+        self.posted.notify_all();
+    }
 }
 
 impl Claims {
@@ -50,8 +64,7 @@ impl Claims {
     pub(crate) fn new(devices: Vec<Option<usize>>) -> Claims {
         Claims {
             devices,
-            boards: Mutex::new(HashMap::new()),
-            posted: Condvar::new(),
+            posts: Arc::default(),
         }
     }
 
@@ -75,7 +88,7 @@ impl Claims {
 
     /// Forgets every posted call (a new run starts its sequence numbers at 0).
     pub(crate) fn clear(&self) {
-        lock(&self.boards).clear();
+        lock(&self.posts.boards).clear();
     }
 
     /// Posts what `w`'s rank reads and writes in its call (`call`, as
@@ -98,23 +111,30 @@ impl Claims {
             return Ok(());
         }
         let members = peers.len().saturating_add(1);
-        lock(&self.boards).entry(seq).or_default().arrivals.insert(
-            rank,
-            Arrival {
-                ins: ins.to_vec(),
-                outs: outs.to_vec(),
-                writes,
-            },
-        );
-        self.posted.notify_all();
+        lock(&self.posts.boards)
+            .entry(seq)
+            .or_default()
+            .arrivals
+            .insert(
+                rank,
+                Arrival {
+                    ins: ins.to_vec(),
+                    outs: outs.to_vec(),
+                    writes,
+                },
+            );
+        self.posts.posted.notify_all();
+        let bell: Arc<dyn Ring> = self.posts.clone();
         let waited = w.until(
             || format!("ranks {peers:?}, which share its device, to post their tensors"),
-            |limit| {
-                let boards = lock(&self.boards);
+            &bell,
+            |slice| {
+                let boards = lock(&self.posts.boards);
                 let (boards, _) = self
+                    .posts
                     .posted
-                    .wait_timeout_while(boards, limit, |b| {
-                        b.get(&seq).is_none_or(|b| b.arrivals.len() < members)
+                    .wait_timeout_while(boards, slice.limit, |b| {
+                        !slice.rung() && b.get(&seq).is_none_or(|b| b.arrivals.len() < members)
                     })
                     .unwrap_or_else(|p| p.into_inner());
                 let mut boards = boards;
@@ -125,7 +145,7 @@ impl Claims {
             Ok(None) => Ok(()),
             Ok(Some(why)) => Err(Error::invalid(rank, format!("{call}: {why}"))),
             Err(e) => {
-                let mut boards = lock(&self.boards);
+                let mut boards = lock(&self.posts.boards);
                 // Every post arrived, and a peer that read the verdict
                 // first has failed the group with it: this rank reports
                 // the same verdict, not the peer's failure.

@@ -9,14 +9,14 @@
 use crate::device::tensor::DType;
 use crate::op::ReduceOp;
 
-/// Declares the kinds of collective from one list: the enum, each one's
-/// name, and the wire order (`Kind::ALL`).
+/// Makes `Kind` from the list of collectives (`list.rs`): the enum, each
+/// one's name, and the wire order (`Kind::ALL`).
 macro_rules! kinds {
-    ($($(#[$doc:meta])* $kind:ident => $name:literal,)*) => {
+    ($($kind:ident($module:ident::$unit:ident) => $name:literal,)*) => {
         /// The kinds of collective.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub(crate) enum Kind {
-            $($(#[$doc])* $kind,)*
+            $(#[doc = $name] $kind,)*
         }
 
         impl Kind {
@@ -33,28 +33,7 @@ macro_rules! kinds {
     };
 }
 
-// The list of collectives: adding one adds its line here (new ones last,
-// so that the wire codes of the others stay).
-kinds! {
-    AllReduce => "all_reduce",
-    AllGather => "all_gather",
-    ReduceScatter => "reduce_scatter",
-    Broadcast => "broadcast",
-    Reduce => "reduce",
-    AllToAll => "all_to_all",
-    Barrier => "barrier",
-    AllReduceCoalesced => "all_reduce_coalesced",
-    AllGatherCoalesced => "all_gather_coalesced",
-    ReduceScatterCoalesced => "reduce_scatter_coalesced",
-    Split => "split",
-    Gather => "gather",
-    Scatter => "scatter",
-    /// Point to point: its sequence number is the pair's, not the group's.
-    Send => "send",
-    Recv => "recv",
-    AllGatherV => "all_gather_v",
-    ReduceScatterV => "reduce_scatter_v",
-}
+crate::runtime::list::collectives!(kinds);
 
 impl Kind {
     /// Whether calls of this kind pair between two ranks (with the pair's
@@ -65,7 +44,7 @@ impl Kind {
 }
 
 /// One collective call as every rank should see it: derived from its
-/// [`Collective`](crate::runtime::collective::Collective), small and `Copy` so that
+/// [`Collective`](crate::runtime::collectives::Collective), small and `Copy` so that
 /// every packet can carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fingerprint {

@@ -1,15 +1,17 @@
 //! How ranks learn that a peer failed, so that nobody waits for a rank that
 //! will never arrive.
 //!
-//! Every blocking wait in the engine is a loop of short waits (a tick) that
-//! checks this shared record between them. The first failure of any rank in
-//! a group is recorded once; every other rank's pending and later collectives
-//! then fail within a tick, with an error that names the rank that failed
-//! and why, instead of hanging until their timeout.
+//! Every blocking wait in the engine checks this shared record before it
+//! sleeps, and the record's alarm wakes every sleeping wait when it
+//! changes. The first failure of any rank in a group is recorded once;
+//! every other rank's pending and later collectives then fail at once,
+//! with an error that names the rank that failed and why, instead of
+//! hanging until their timeout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::deadline::Alarm;
 use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::claims::Claims;
@@ -35,6 +37,9 @@ pub(crate) struct Health {
     runs: std::sync::atomic::AtomicU32,
     /// What ranks that share a device without meeting on it write.
     pub claims: Claims,
+    /// Raised by every failure and departure; shared with the groups
+    /// `split` makes, whose waits a parent's failure ends too.
+    pub alarm: Arc<Alarm>,
 }
 
 /// Passes a failure on to ranks this record does not reach (those of
@@ -67,6 +72,7 @@ impl Health {
             dump,
             announce: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
+            alarm: Arc::default(),
         })
     }
 
@@ -79,6 +85,7 @@ impl Health {
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, parent.0.flight.depth()),
             dump: parent.0.dump.clone(),
+            alarm: parent.0.alarm.clone(),
             parent: Some(parent),
             announce: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
@@ -134,6 +141,7 @@ impl Health {
         if let Some(g) = self.gone.get(rank) {
             g.store(true, Ordering::Release);
         }
+        self.alarm.raise();
     }
 
     pub(crate) fn is_gone(&self, rank: usize) -> bool {
@@ -173,6 +181,7 @@ impl Health {
         }
         *f = Some(Failure { origin, error });
         drop(f);
+        self.alarm.raise();
         if real {
             self.write_dump();
         }

@@ -1,10 +1,14 @@
 //! A hop as the runtime sees it: a transport's send and receive, plus what
 //! the transport does not know. A receive is a bounded wait that fails
-//! within a tick when a peer fails or has left, and checks that the packet
+//! as soon as a peer fails or has left, and checks that the packet
 //! belongs to the collective this rank is running (fingerprint) and
 //! carries the bytes the schedule expects. A lent buffer that its owner's
 //! device failed to fill is the owner's failure, recorded for the group.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::deadline::Ring;
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::waiter::Waiter;
@@ -55,30 +59,42 @@ pub(crate) fn take(
     w: &Waiter,
 ) -> Result<Packet> {
     let gone = || gone(peer, w);
+    let bell: Arc<dyn Ring> = link.wake().clone();
     let mut p = w.until(
         || match bytes {
             0 => format!("rank {peer} to join {}", w.fp),
             _ => format!("rank {peer} to send {bytes} bytes of {}", w.fp),
         },
-        |tick| match link.recv(peer, lane, tick) {
-            Ok(Some(p)) => Ok(Some(p)),
-            Ok(None) if w.health.is_gone(peer) => {
-                match link.recv(peer, lane, std::time::Duration::ZERO) {
-                    Ok(Some(p)) => Ok(Some(p)),
-                    Err(_) => Err(gone()),
-                    // A peer that left after a failure is reported with that
-                    // failure (recorded before it left), not as a departure.
-                    Ok(None) => w.health.check(w.rank, &w.fp).and(Err(w.peer_failed(
-                        peer,
-                        format!(
-                            "rank {peer} returned from its closure without issuing {}",
-                            w.fp
-                        ),
-                    ))),
+        &bell,
+        |slice| {
+            // A peer that left before this look rang no bell for it: look
+            // first, and sleep only while it is still here.
+            let left = w.health.is_gone(peer);
+            let limit = if left || slice.rung() {
+                Duration::ZERO
+            } else {
+                slice.limit
+            };
+            match link.recv(peer, lane, limit) {
+                Ok(Some(p)) => Ok(Some(p)),
+                Ok(None) if left || w.health.is_gone(peer) => {
+                    match link.recv(peer, lane, Duration::ZERO) {
+                        Ok(Some(p)) => Ok(Some(p)),
+                        Err(_) => Err(gone()),
+                        // A peer that left after a failure is reported with that
+                        // failure (recorded before it left), not as a departure.
+                        Ok(None) => w.health.check(w.rank, &w.fp).and(Err(w.peer_failed(
+                            peer,
+                            format!(
+                                "rank {peer} returned from its closure without issuing {}",
+                                w.fp
+                            ),
+                        ))),
+                    }
                 }
+                Ok(None) => Ok(None),
+                Err(_) => Err(gone()),
             }
-            Ok(None) => Ok(None),
-            Err(_) => Err(gone()),
         },
     )?;
     let pairs = w.fp.pairs_with(&p.fp);

@@ -4,7 +4,6 @@
 //! the cost model that picks its algorithm.
 
 pub(crate) mod claims;
-pub(crate) mod collective;
 pub(crate) mod collectives;
 pub(crate) mod cost;
 pub(crate) mod fingerprint;
@@ -12,6 +11,7 @@ pub(crate) mod flight;
 pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod host_ring;
+pub(crate) mod list;
 pub(crate) mod plan;
 pub(crate) mod planner;
 pub(crate) mod prims;

@@ -3,8 +3,6 @@
 //! reducing on each rank's device or on the host, a one-shot, a chain, and
 //! so on). Each collective offers some of them; `planner.rs` chooses.
 
-use crate::runtime::fingerprint::Kind;
-
 /// How one collective runs. [`Work::plan`](crate::Work::plan) says which
 /// one ran; [`WorldConfig::with_plan`](crate::WorldConfig::with_plan) and
 /// `WGPU_COLLECTIVES_PLAN` force one (the finer form of
@@ -104,29 +102,6 @@ impl Plan {
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// The plans `kind` offers, the default way first after `Direct`.
-pub(crate) fn offered(kind: Kind) -> &'static [Plan] {
-    match kind {
-        Kind::AllReduce => &[
-            Plan::Direct,
-            Plan::DeviceRing,
-            Plan::HostRing,
-            Plan::OneShot,
-        ],
-        Kind::AllReduceCoalesced
-        | Kind::ReduceScatter
-        | Kind::ReduceScatterCoalesced
-        | Kind::AllGather
-        | Kind::AllGatherCoalesced
-        | Kind::Barrier
-        | Kind::Split => &[Plan::Direct, Plan::DeviceRing],
-        Kind::AllToAll => &[Plan::Direct, Plan::Pairwise],
-        Kind::Send | Kind::Recv => &[Plan::PointToPoint],
-        // Units say their own (`Collective::plans`).
-        _ => &[],
     }
 }
 

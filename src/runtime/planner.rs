@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::runtime::collective::Collective;
+use crate::runtime::collectives::Collective;
 use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
 use crate::runtime::plan::Plan;
 
@@ -129,8 +129,8 @@ pub(crate) fn choose(
     } else {
         Plan::DeviceRing
     };
-    if let Collective::AllReduce { dtype, len, .. } = what {
-        let bytes = dtype.words(*len).saturating_mul(4);
+    // A collective whose plans the cost model prices: today's all-reduce.
+    if let Some(bytes) = what.unit().priced() {
         match tuning.algorithm {
             Algorithm::Ring => return Ok(ring),
             Algorithm::OneShot => return Ok(Plan::OneShot),

@@ -13,21 +13,18 @@ use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
-use crate::algo::fold::HostFold;
-use crate::algo::{oneshot, p2p, pairwise, ring};
 use crate::device::tensor::{DType, Tensor};
 use crate::device::timestamps::Timestamps;
 use crate::device::{RankDevice, Ticket, lock};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
-use crate::runtime::collective::{Collective, SplitTable};
-use crate::runtime::collectives::scratch;
+use crate::runtime::collectives::{Collective, Here, SplitTable, scratch};
+
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
 use crate::runtime::health::Health;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
-use crate::runtime::host_ring::HostSteps;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Tuning};
 use crate::runtime::prims::Prims;
@@ -35,7 +32,7 @@ use crate::runtime::profile::Counters;
 use crate::runtime::shared;
 use crate::runtime::waiter::Waiter;
 use crate::runtime::work_state::WorkState;
-use crate::transport::{Body, Lane, Receipt, Stager, Verdict};
+use crate::transport::{Body, Lane, Stager};
 
 /// Ops queued or running on a progress thread. Waiting for it to drain
 /// (a rank that departs, a run that starts) is a condition wait, not a
@@ -401,7 +398,6 @@ impl Progress {
                 spare.buffer().clone()
             }
         };
-        let host_ring = plan == Plan::HostRing;
         let mut p = Prims {
             w: waiter,
             link: &*self.endpoint,
@@ -424,101 +420,25 @@ impl Progress {
             },
             receipt: None,
         };
-        // Views the schedules cannot work on where they lie are staged;
-        // the ring on the host reads and writes whole words anywhere.
+        // Views the schedules cannot work on where they lie are staged,
+        // unless the plan's steps work on whole words anywhere.
+        let unit = op.what.unit();
         let writes = op.what.writes_output(r);
-        let staged = if host_ring && op.inputs.iter().chain(outs).all(Tensor::whole_words) {
+        let staged = if unit.any_view(plan) && op.inputs.iter().chain(outs).all(Tensor::whole_words)
+        {
             Staged::none(&op.inputs, outs)
         } else {
             Staged::new(&mut p, &dev, &op.inputs, outs, writes)?
         };
-        let (ins, outs) = (&staged.ins[..], &staged.outs[..]);
-        let mut table = None;
-        match &op.what {
-            Collective::AllReduce { op: reduce_op, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                let words = x.words();
-                if host_ring {
-                    all_reduce_on_host(&mut p, x, out, *reduce_op, n)?;
-                } else {
-                    // Out of place, the input is copied first and reduced in
-                    // place. Reading it where it lies instead (a kernel writing
-                    // dst = op(x, received)) saves the copy but, on CPU adapters,
-                    // streams three buffers through the cache instead of two:
-                    // measured slower on lavapipe, so not done.
-                    if !x.same_view(out) {
-                        p.copy(x.buffer(), 0, out.buffer(), 0, x.used_bytes())?;
-                    }
-                    p.buf = out.buffer().clone();
-                    // The one-shot folds each part in the ring's order: the same bits.
-                    if plan == Plan::OneShot && n > 1 && words > 0 {
-                        let stride = words.div_ceil(p.align_words()) * p.align_words();
-                        let all = scratch(&dev, n * stride)?;
-                        oneshot::all_reduce(&mut p, all.buffer(), stride, words)?;
-                    } else {
-                        ring::all_reduce(&mut p, words)?;
-                    }
-                }
-            }
-            Collective::AllReduceCoalesced { .. } => all_reduce_coalesced(&mut p, &dev, ins, outs)?,
-            Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
-                for (x, out) in ins.iter().zip(outs) {
-                    all_gather(&mut p, &dev, x, out)?;
-                }
-            }
-            Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
-                for (x, out) in ins.iter().zip(outs) {
-                    reduce_scatter(&mut p, &dev, x, out)?;
-                }
-            }
-            Collective::Unit(u) => u.unit().run(plan, &mut p, &dev, ins, outs)?,
-            Collective::AllToAll { send, recv, .. } => {
-                let (x, out) = (&ins[0], &outs[0]);
-                p.buf = x.buffer().clone();
-                let elem = x.dtype().size();
-                pairwise::all_to_all(
-                    &mut p,
-                    elem,
-                    send,
-                    recv,
-                    x.used_bytes() as usize,
-                    out.buffer(),
-                    out.used_bytes() as usize,
-                )?;
-            }
-            Collective::Send { peer, .. } => {
-                let x = &ins[0];
-                p.buf = x.buffer().clone();
-                let copy = match self.group {
-                    Some(_) => Some(scratch(&dev, x.words())?),
-                    None => None,
-                };
-                // The first packet carries the receipt; one still here
-                // after a failed send was never sent, and the send's own
-                // error says why.
-                p.receipt = receipt(&self.health, state, r, op.fp, *peer, &*self.endpoint);
-                let sent = match copy {
-                    Some(copy) => {
-                        let buffer = copy.buffer().clone();
-                        p2p::send_on_device(&mut p, *peer, x.words(), buffer, Box::new(copy))
-                    }
-                    None => p2p::send(&mut p, *peer, x.words()),
-                };
-                if let Some(unsent) = p.receipt.take() {
-                    unsent.disarm();
-                }
-                sent?;
-            }
-            Collective::Recv { peer, .. } => {
-                let out = &outs[0];
-                p.buf = out.buffer().clone();
-                p2p::recv(&mut p, *peer, out.words(), self.group.is_some())?;
-            }
-            Collective::Barrier => ring::barrier(&mut p)?,
-            Collective::Split { color, key } => {
-                table = Some(split_table(&mut p, *color, *key)?);
-            }
-        }
+        let here = Here {
+            dev: &dev,
+            ins: &staged.ins,
+            outs: &staged.outs,
+            state,
+            health: &self.health,
+            shared: self.group.is_some(),
+        };
+        let table = unit.run(plan, &mut p, &here)?;
         staged.copy_back(&mut p, &dev)?;
         let last = p.last.unwrap_or(first);
         let ran = Ran { last, table };
@@ -545,45 +465,6 @@ impl Progress {
         state.planned(plan);
         self.health.flight.planned(self.rank, &item.fp, plan);
     }
-}
-
-/// An all-reduce as the ring on the host (`algo/fold.rs`): down once from
-/// the input, the ring's steps on a host image, up once into the output
-/// (no device copy of the input into the output first).
-#[allow(
-    clippy::arithmetic_side_effects,
-    reason = "the words of a tensor whose byte size was checked when it was made"
-)]
-fn all_reduce_on_host(
-    p: &mut Prims,
-    x: &Tensor,
-    out: &Tensor,
-    op: ReduceOp,
-    n: usize,
-) -> Result<()> {
-    let fold = HostFold {
-        dtype: x.dtype(),
-        op,
-        ranks: u32::try_from(n).unwrap_or(u32::MAX),
-    };
-    // The image holds the ring's padded words; only the view's own bytes
-    // come down and go up.
-    let words = x.words();
-    let bytes = usize::try_from(x.byte_len().next_multiple_of(4)).unwrap_or(usize::MAX);
-    p.buf = x.buffer().clone();
-    let mut image = p.download_image_at(x.word_offset(), bytes)?;
-    image.resize(words * 4, 0);
-    let steps = &mut HostSteps {
-        p: &mut *p,
-        image: &mut image,
-        fold,
-    };
-    ring::all_reduce(steps, words)?;
-    p.buf = out.buffer().clone();
-    let own = image.get(..bytes).unwrap_or(&image);
-    p.upload_image_at(out.word_offset(), own)?;
-    p.recycle(image);
-    Ok(())
 }
 
 /// A collective's tensors as its schedule sees them: views it can work on
@@ -678,51 +559,6 @@ impl<'a> Staged<'a> {
     }
 }
 
-/// The receipt a send to `peer` carries, where the receiver can tell it
-/// back (a rank of this process): the send's work completes once the
-/// receiver has matched it, and fails when it refuses, so a mismatch fails
-/// both sides. Sends to other processes complete once posted.
-fn receipt(
-    health: &Arc<Health>,
-    state: &Arc<WorkState>,
-    rank: usize,
-    fp: Fingerprint,
-    peer: usize,
-    link: &Link,
-) -> Option<Receipt> {
-    if !link.carries_loans(peer) {
-        return None;
-    }
-    state.expect_receipt();
-    let (state, health) = (state.clone(), health.clone());
-    Some(Receipt::new(move |verdict| {
-        state.receipt(match verdict {
-            Verdict::Taken => Ok(()),
-            Verdict::Refused(theirs) => Err(Error::Mismatch {
-                rank,
-                seq: fp.seq,
-                ours: fp.to_string(),
-                peer,
-                theirs,
-                flight: health.flight.report(),
-            }),
-            Verdict::Dropped => {
-                Err(health
-                    .check(rank, &fp)
-                    .err()
-                    .unwrap_or_else(|| Error::PeerFailed {
-                        rank,
-                        seq: fp.seq,
-                        doing: fp.to_string(),
-                        peer,
-                        reason: "it dropped the message without receiving it".into(),
-                        flight: health.flight.report(),
-                    }))
-            }
-        })
-    }))
-}
-
 /// Sends this rank's fingerprint to the next rank of the ring and checks
 /// the previous rank's against it.
 #[allow(
@@ -741,167 +577,4 @@ fn handshake(link: &Link, w: &Waiter, n: usize) -> Result<()> {
     let p = hop::take(link, (w.rank + n - 1) % n, Lane::Collective, 0, w)?;
     hop::recycle(link, p);
     Ok(())
-}
-
-/// All-gathers `x` into `out` (n x len, rank-major).
-#[allow(
-    clippy::arithmetic_side_effects,
-    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
-)]
-fn all_gather(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
-    let bytes = x.len() * x.dtype().size();
-    if bytes == 0 {
-        return Ok(());
-    }
-    if bytes % 4 == 0 {
-        // Every segment starts on a word: gather in place in the output.
-        let seg = bytes / 4;
-        p.copy(
-            x.buffer(),
-            0,
-            out.buffer(),
-            (r * bytes) as u64,
-            bytes as u64,
-        )?;
-        p.buf = out.buffer().clone();
-        return ring::all_gather(p, seg);
-    }
-    // 16-bit elements, odd length: segments would start mid-word. Gather
-    // whole-word segments in scratch, then pack them on the host.
-    let seg = x.words();
-    let tmp = scratch(dev, n * seg)?;
-    p.copy(
-        x.buffer(),
-        0,
-        tmp.buffer(),
-        (r * seg * 4) as u64,
-        (seg * 4) as u64,
-    )?;
-    p.buf = tmp.buffer().clone();
-    ring::all_gather(p, seg)?;
-    let image = p.download_image(n * seg * 4)?;
-    let mut packed = Vec::with_capacity(out.used_bytes() as usize);
-    for j in 0..n {
-        packed.extend_from_slice(&image[j * seg * 4..j * seg * 4 + bytes]);
-    }
-    packed.resize(out.used_bytes() as usize, 0);
-    p.buf = out.buffer().clone();
-    p.upload_image(&packed)
-}
-
-/// Reduce-scatters `x` (n chunks) into `out` (this rank's chunk).
-#[allow(
-    clippy::arithmetic_side_effects,
-    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
-)]
-fn reduce_scatter(p: &mut Prims, dev: &Arc<RankDevice>, x: &Tensor, out: &Tensor) -> Result<()> {
-    let (n, r) = (p.nranks, p.rank());
-    let m = out.len();
-    let bytes = m * x.dtype().size();
-    if bytes == 0 {
-        return Ok(());
-    }
-    if n == 1 {
-        return p.copy(x.buffer(), 0, out.buffer(), 0, out.used_bytes());
-    }
-    // Each chunk gets an aligned slot, so the kernels can bind it where it lies.
-    let chunk = out.words();
-    let slot = chunk.div_ceil(p.align_words()) * p.align_words();
-    let tmp = scratch(dev, n * slot)?;
-    if bytes % 4 == 0 {
-        for c in 0..n {
-            p.copy(
-                x.buffer(),
-                (c * bytes) as u64,
-                tmp.buffer(),
-                (c * slot * 4) as u64,
-                bytes as u64,
-            )?;
-        }
-    } else {
-        // 16-bit elements, odd chunk length: chunks start mid-word; cut them on the host.
-        p.buf = x.buffer().clone();
-        let image = p.download_image(x.used_bytes() as usize)?;
-        let mut slots = vec![0u8; n * slot * 4];
-        for c in 0..n {
-            slots[c * slot * 4..c * slot * 4 + bytes]
-                .copy_from_slice(&image[c * bytes..(c + 1) * bytes]);
-        }
-        p.buf = tmp.buffer().clone();
-        p.upload_image(&slots)?;
-    }
-    p.buf = tmp.buffer().clone();
-    ring::reduce_scatter(p, slot, chunk)?;
-    p.copy(
-        tmp.buffer(),
-        (r * slot * 4) as u64,
-        out.buffer(),
-        0,
-        out.used_bytes(),
-    )
-}
-
-/// All-reduces several tensors in one ring pass over their concatenation
-/// (each starting on a 16-byte unit).
-#[allow(
-    clippy::arithmetic_side_effects,
-    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
-)]
-fn all_reduce_coalesced(
-    p: &mut Prims,
-    dev: &Arc<RankDevice>,
-    ins: &[Tensor],
-    outs: &[Tensor],
-) -> Result<()> {
-    let total: usize = ins.iter().map(|x| x.words()).sum();
-    if total == 0 {
-        return Ok(());
-    }
-    let flat = scratch(dev, total)?;
-    let mut off = 0u64;
-    for x in ins {
-        p.copy(x.buffer(), 0, flat.buffer(), off, x.used_bytes())?;
-        off += x.used_bytes();
-    }
-    p.buf = flat.buffer().clone();
-    ring::all_reduce(p, total)?;
-    let mut off = 0u64;
-    for out in outs {
-        p.copy(flat.buffer(), off, out.buffer(), 0, out.used_bytes())?;
-        off += out.used_bytes();
-    }
-    Ok(())
-}
-
-/// Every rank's (color, key), gathered around the ring on the host.
-#[allow(
-    clippy::arithmetic_side_effects,
-    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
-)]
-fn split_table(p: &mut Prims, color: Option<u32>, key: usize) -> Result<Vec<(Option<u32>, usize)>> {
-    let (n, r) = (p.nranks, p.rank());
-    let encode = |rank: usize, color: Option<u32>, key: usize| {
-        let mut v = Vec::with_capacity(24);
-        v.extend_from_slice(&(rank as u64).to_le_bytes());
-        v.extend_from_slice(&color.map_or(u64::MAX, u64::from).to_le_bytes());
-        v.extend_from_slice(&(key as u64).to_le_bytes());
-        v
-    };
-    let word =
-        |d: &[u8], i: usize| u64::from_le_bytes(d[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    let mut table = vec![(None, 0); n];
-    table[r] = (color, key);
-    let mut carry = encode(r, color, key);
-    for _ in 1..n {
-        p.post((r + 1) % n, carry)?;
-        let d = p.take((r + n - 1) % n, 24)?;
-        let (rank, c, k) = (word(&d, 0) as usize, word(&d, 1), word(&d, 2) as usize);
-        if rank < n {
-            table[rank] = (u32::try_from(c).ok(), k);
-        }
-        carry = d;
-    }
-    p.recycle(carry);
-    Ok(table)
 }

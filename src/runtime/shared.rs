@@ -17,14 +17,11 @@
 use std::sync::Arc;
 
 use crate::algo::direct::Steps;
-use crate::algo::part_words;
 use crate::device::tensor::{DType, Tensor};
 use crate::device::timestamps::Timestamps;
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
-use crate::runtime::collective::Collective;
-use crate::runtime::collective::SplitTable;
-use crate::runtime::collectives::reducible;
+use crate::runtime::collectives::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Tuning};
@@ -65,7 +62,7 @@ pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
     reason = "the collective, this rank's tensors and its profiling state: one call site, in the progress thread"
 )]
 pub(crate) fn run(
-    group: &Group,
+    group: &Arc<Group>,
     w: &Waiter<'_>,
     tuning: &Tuning,
     what: &Collective,
@@ -170,14 +167,11 @@ fn disagreement(w: &Waiter<'_>, all: &[Arrival]) -> Option<Vec<Error>> {
                 .collect(),
         );
     }
+    // Counts that differ by rank must pair up: what a sends b, b receives from a.
     for (r, a) in all.iter().enumerate() {
-        let Collective::AllToAll { send, .. } = &a.what else {
-            return None;
-        };
+        let (send, _) = a.what.unit().pairs()?;
         for (j, b) in all.iter().enumerate() {
-            let Collective::AllToAll { recv, .. } = &b.what else {
-                return None;
-            };
+            let (_, recv) = b.what.unit().pairs()?;
             let (s, t) = (send.get(j).copied(), recv.get(r).copied());
             if s != t {
                 // Told as the receiver sees it, as a hop would.
@@ -225,58 +219,10 @@ fn shared_bytes(all: &[Arrival]) -> Option<String> {
 
 /// Whether the device steps can run this collective, or why not.
 fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
-    let n = all.len();
-    let a = &all[0];
-    let reduces = || reducible(dev, n);
-    let words = |what: &str, bytes: Vec<u64>| {
-        if bytes.iter().all(|b| b % 4 == 0) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{what} of 16-bit elements of odd length start mid-word, where a copy cannot"
-            ))
-        }
-    };
-    match &a.what {
-        Collective::AllReduce { .. } | Collective::AllReduceCoalesced { .. } => reduces(),
-        Collective::ReduceScatter { .. } | Collective::ReduceScatterCoalesced { .. } => {
-            reduces()?;
-            if a.outs
-                .iter()
-                .all(|o| o.byte_len() % dev.binding_align() == 0)
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "each rank's chunk must be a multiple of {} bytes for a kernel to bind it",
-                    dev.binding_align()
-                ))
-            }
-        }
-        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
-            words("segments", a.ins.iter().map(Tensor::byte_len).collect())
-        }
-        Collective::AllToAll { dtype, .. } => {
-            let size = dtype.size() as u64;
-            let counts = all.iter().flat_map(|b| match &b.what {
-                Collective::AllToAll { send, recv, .. } => {
-                    send.iter().chain(recv).copied().collect()
-                }
-                _ => Vec::new(),
-            });
-            words("blocks", counts.map(|c| c as u64 * size).collect())
-        }
-        Collective::Barrier | Collective::Split { .. } => Ok(()),
-        Collective::Unit(u) => {
-            let ins: Vec<&[Tensor]> = all.iter().map(|a| &a.ins[..]).collect();
-            let outs: Vec<&[Tensor]> = all.iter().map(|a| &a.outs[..]).collect();
-            u.unit().direct_feasible(dev, &ins, &outs)
-        }
-        // Never met here: a pair's packets carry them (`algo::p2p`).
-        Collective::Send { .. } | Collective::Recv { .. } => {
-            Err("a send or receive is one hop between a pair".into())
-        }
-    }
+    let calls: Vec<&Collective> = all.iter().map(|a| &a.what).collect();
+    let ins: Vec<&[Tensor]> = all.iter().map(|a| &a.ins[..]).collect();
+    let outs: Vec<&[Tensor]> = all.iter().map(|a| &a.outs[..]).collect();
+    all[0].what.unit().direct_feasible(dev, &calls, &ins, &outs)
 }
 
 /// A view the device steps cannot bind where it lies, and its stand-in.
@@ -341,7 +287,11 @@ fn record(
         ins.push(rank_ins);
         outs.push(rank_outs);
     }
-    let table = steps_for(&mut steps, &all[0].what, all, &ins, &outs)?;
+    let calls: Vec<&Collective> = all.iter().map(|a| &a.what).collect();
+    let table = all[0]
+        .what
+        .unit()
+        .direct_steps(&mut steps, &calls, &ins, &outs)?;
     for s in &back {
         let bytes = s.view.byte_len();
         let whole = bytes & !3;
@@ -369,102 +319,4 @@ fn record(
         }
     }
     Ok((ticket, table))
-}
-
-/// The collective's own steps, on views every kernel can bind.
-fn steps_for(
-    steps: &mut Steps<'_>,
-    what: &Collective,
-    all: &[Arrival],
-    ins: &[Vec<Tensor>],
-    outs: &[Vec<Tensor>],
-) -> Result<Option<SplitTable>> {
-    let n = all.len();
-    fn bufs(ts: &[Vec<Tensor>], i: usize) -> Vec<&wgpu::Buffer> {
-        ts.iter().map(|t| t[i].buffer()).collect()
-    }
-    match what {
-        Collective::AllReduce { dtype, op, len } => {
-            let (xs, os) = (bufs(ins, 0), bufs(outs, 0));
-            let words = dtype.words(*len);
-            let q = part_words(words, n);
-            steps.all_reduce(*dtype, *op, &xs, &os, words, q)?;
-        }
-        Collective::AllReduceCoalesced { dtype, op, .. } => {
-            // One pass over each rank's concatenation, as the ring does.
-            let total: usize = ins[0].iter().map(Tensor::words).sum();
-            let mut flats = Vec::with_capacity(n);
-            for xs in ins {
-                let Some(first) = xs.first() else {
-                    return Ok(None);
-                };
-                let flat = Tensor::output(first.rank_device(), DType::U32, total)?;
-                let mut off = 0;
-                for x in xs {
-                    steps.copy(x.buffer(), 0, flat.buffer(), off, x.used_bytes());
-                    off += x.used_bytes();
-                }
-                flats.push(flat);
-            }
-            let fs: Vec<&wgpu::Buffer> = flats.iter().map(Tensor::buffer).collect();
-            let q = part_words(total, n);
-            steps.all_reduce(*dtype, *op, &fs, &fs, total, q)?;
-            for (flat, os) in flats.iter().zip(outs) {
-                let mut off = 0;
-                for o in os {
-                    steps.copy(flat.buffer(), off, o.buffer(), 0, o.used_bytes());
-                    off += o.used_bytes();
-                }
-            }
-        }
-        Collective::ReduceScatter { dtype, op, .. }
-        | Collective::ReduceScatterCoalesced { dtype, op, .. } => {
-            for i in 0..ins[0].len() {
-                let (xs, os) = (bufs(ins, i), bufs(outs, i));
-                let chunk = outs[0][i].byte_len();
-                steps.reduce_scatter(*dtype, *op, &xs, &os, chunk)?;
-            }
-        }
-        Collective::AllGather { .. } | Collective::AllGatherCoalesced { .. } => {
-            for i in 0..ins[0].len() {
-                let bytes = ins[0][i].byte_len();
-                for (r, x) in ins.iter().enumerate() {
-                    for o in outs {
-                        steps.copy(x[i].buffer(), 0, o[i].buffer(), r as u64 * bytes, bytes);
-                    }
-                }
-            }
-        }
-        Collective::Unit(u) => u.unit().direct_steps(steps, ins, outs)?,
-        Collective::AllToAll { dtype, .. } => {
-            let size = dtype.size() as u64;
-            for (r, a) in all.iter().enumerate() {
-                let Collective::AllToAll { send, .. } = &a.what else {
-                    continue;
-                };
-                let mut from = 0u64;
-                for (j, &count) in send.iter().enumerate() {
-                    let Collective::AllToAll { recv, .. } = &all[j].what else {
-                        continue;
-                    };
-                    let to: u64 = recv.iter().take(r).map(|&c| c as u64 * size).sum();
-                    let bytes = count as u64 * size;
-                    steps.copy(ins[r][0].buffer(), from, outs[j][0].buffer(), to, bytes);
-                    from += bytes;
-                }
-            }
-        }
-        Collective::Barrier | Collective::Send { .. } | Collective::Recv { .. } => {}
-        Collective::Split { .. } => {
-            let table = all
-                .iter()
-                .map(|a| match a.what {
-                    Collective::Split { color, key } => (color, key),
-                    _ => (None, 0),
-                })
-                .collect();
-            return Ok(Some(table));
-        }
-    }
-    Ok(None)
 }

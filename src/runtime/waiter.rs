@@ -1,17 +1,18 @@
 //! Blocking waits made on behalf of one collective on one rank, bounded
 //! by the timeout and ended early by the group's health.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::deadline::{Patience, Watch};
+use crate::deadline::{Alarm, Patience, Ring, Slice, Watch};
 use crate::device::RankDevice;
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 
 /// Blocking waits made on behalf of one collective on one rank: each lasts
-/// at most the configured timeout, and gives up within a tick when a peer
-/// fails.
+/// at most the configured timeout, and gives up as soon as a peer fails
+/// (the group's alarm wakes it).
 pub(crate) struct Waiter<'a> {
     pub dev: &'a RankDevice,
     pub health: &'a Health,
@@ -36,9 +37,10 @@ impl Waiter<'_> {
     pub(crate) fn until<T>(
         &self,
         what: impl Fn() -> String,
-        attempt: impl FnMut(Duration) -> Result<Option<T>>,
+        bell: &Arc<dyn Ring>,
+        attempt: impl FnMut(&Slice<'_>) -> Result<Option<T>>,
     ) -> Result<T> {
-        self.patience().until(what, attempt)
+        self.patience().until(what, bell, attempt)
     }
 
     pub(crate) fn device_error(&self, what: String) -> Error {
@@ -61,6 +63,10 @@ impl Waiter<'_> {
 impl Watch for Waiter<'_> {
     fn check(&self) -> Result<()> {
         self.health.check(self.rank, &self.fp)
+    }
+
+    fn alarm(&self) -> &Alarm {
+        &self.health.alarm
     }
 
     fn timed_out(&self, what: String, after: Duration) -> Error {

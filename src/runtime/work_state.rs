@@ -11,8 +11,10 @@ use std::time::Instant;
 use crate::device::tensor::Tensor;
 use crate::device::{Ticket, lock};
 use crate::error::{Error, Result};
-use crate::runtime::collective::SplitTable;
 use crate::runtime::plan::Plan;
+
+/// What `split` exchanges: every parent rank's (color, key), in parent rank order.
+pub(crate) type SplitTable = Vec<(Option<u32>, usize)>;
 
 #[derive(Clone)]
 pub(crate) enum Phase {

@@ -19,14 +19,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam::channel::{Receiver, Sender, unbounded};
 use crossbeam::queue::ArrayQueue;
 
-use crate::deadline::Patience;
+use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Ticket};
 use crate::error::Error;
 
-use super::{Body, Closed, LANES, Lane, Packet, Transport};
+use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
 
 /// Map states of a staging buffer, set by its map callback.
 pub(crate) const MAP_PENDING: u8 = 0;
@@ -65,8 +65,8 @@ impl Drop for Loan {
     fn drop(&mut self) {
         drop(self.hold.take());
         // Fences on both sides: either the owner sees the count fall, or
-        // this sees it waiting (it sets the flag before it checks). A
-        // missed wake would cost a tick, never a hang.
+        // this sees it waiting (it sets the flag before it checks), so
+        // no wake-up is missed.
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.awaited.load(Ordering::SeqCst) {
             self.owner.map_signal().notify();
@@ -84,9 +84,11 @@ impl Loan {
     /// for them, with `p`'s deadline).
     pub(crate) fn read(&self, p: &Patience) -> Result<wgpu::BufferView, LoanError> {
         let mut owner_failed = None;
+        let bell: Arc<dyn Ring> = self.owner.map_signal();
         let waited = p.until(
             || format!("the lender's device to finish a slice of #{}", p.seq),
-            |tick| {
+            &bell,
+            |slice| {
                 let seen = self.owner.generation();
                 match self.state.load(Ordering::Acquire) {
                     MAP_READY => Ok(Some(true)),
@@ -95,11 +97,12 @@ impl Loan {
                         Ok(Some(false))
                     }
                     // Filled: the map callback is on its way.
+                    _ if slice.rung() => Ok(None),
                     _ if self.owner.is_done(self.filled) => {
-                        self.owner.wait_change(seen, tick);
+                        self.owner.wait_change(seen, slice.limit);
                         Ok(None)
                     }
-                    _ => match self.owner.wait_quietly(self.filled, tick) {
+                    _ => match self.owner.wait_quietly(self.filled, seen, slice.limit) {
                         Err(e) => {
                             owner_failed = Some(e);
                             Ok(Some(false))
@@ -132,6 +135,7 @@ pub(crate) struct Local<H> {
     to: Vec<Sender<Packet<H>>>,
     from: Vec<Receiver<Packet<H>>>,
     pool: Arc<ArrayQueue<Vec<u8>>>,
+    wake: Arc<Wake>,
 }
 
 /// Links between every pair of `n` ranks; entry `r` is rank `r`'s end.
@@ -151,6 +155,7 @@ pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
                 to: ends().map(|(p, l)| links[r][end(p, l)].0.clone()).collect(),
                 from: ends().map(|(p, l)| links[p][end(r, l)].1.clone()).collect(),
                 pool: pool.clone(),
+                wake: Arc::default(),
             }) as Arc<dyn Transport<H>>
         })
         .collect()
@@ -171,16 +176,12 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
     }
 
     fn recv(&self, peer: usize, lane: Lane, limit: Duration) -> Result<Option<Packet<H>>, Closed> {
-        match self
-            .from
-            .get(end(peer, lane))
-            .ok_or(Closed)?
-            .recv_timeout(limit)
-        {
-            Ok(p) => Ok(Some(p)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(Closed),
-        }
+        self.wake
+            .recv(self.from.get(end(peer, lane)).ok_or(Closed)?, limit)
+    }
+
+    fn wake(&self) -> &Arc<Wake> {
+        &self.wake
     }
 
     fn carries_loans(&self, _peer: usize) -> bool {

@@ -27,6 +27,10 @@ pub(crate) mod staging;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam::channel::{Receiver, Sender, bounded};
+
+use crate::deadline::Ring;
+
 pub(crate) use local::Loan;
 pub(crate) use staging::Stager;
 
@@ -133,6 +137,41 @@ impl<H> Packet<H> {
     }
 }
 
+/// Wakes a rank blocked in [`Transport::recv`]: a raised alarm rings it
+/// (see `deadline::Alarm`), and the receive returns empty-handed so that
+/// the wait looks at its watch again.
+pub(crate) struct Wake {
+    tx: Sender<()>,
+    rx: Receiver<()>,
+}
+
+impl Default for Wake {
+    fn default() -> Wake {
+        // One pending wake-up is enough: a second adds nothing.
+        let (tx, rx) = bounded(1);
+        Wake { tx, rx }
+    }
+}
+
+impl Ring for Wake {
+    fn ring(&self) {
+        let _ = self.tx.try_send(());
+    }
+}
+
+impl Wake {
+    /// The next message on `from`, waiting at most `limit`; `Ok(None)`
+    /// when none came in time or the wake rang (a ring left from an
+    /// earlier wait costs one more look, never a message).
+    pub(crate) fn recv<T>(&self, from: &Receiver<T>, limit: Duration) -> Result<Option<T>, Closed> {
+        crossbeam::select! {
+            recv(from) -> m => m.map(Some).map_err(|_| Closed),
+            recv(self.rx) -> _ => Ok(None),
+            default(limit) => Ok(None),
+        }
+    }
+}
+
 /// The peer's end of the link is gone (its group was dropped).
 #[derive(Debug)]
 pub(crate) struct Closed;
@@ -145,6 +184,9 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// The next packet from `peer` on `lane`, waiting at most `limit`;
     /// `Ok(None)` when none came in time.
     fn recv(&self, peer: usize, lane: Lane, limit: Duration) -> Result<Option<Packet<H>>, Closed>;
+
+    /// What wakes this end's [`recv`](Self::recv) early.
+    fn wake(&self) -> &Arc<Wake>;
 
     /// Whether packets to `peer` may carry [`Body::Loan`] (sender and
     /// receiver share the process).

@@ -10,9 +10,9 @@
 //! and what the last rank does with the arrivals, is the runtime's: this
 //! module knows only who has come, and deadlines.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-use crate::deadline::{Patience, Watch};
+use crate::deadline::{Alarm, Patience, Ring, Watch};
 use crate::device::lock;
 use crate::error::Result;
 
@@ -30,7 +30,15 @@ struct Table<A, O> {
     outcomes: Vec<Option<(u64, O)>>,
 }
 
-impl<A, O> Meeting<A, O> {
+/// A raised alarm wakes the ranks waiting here.
+impl<A: Send, O: Send> Ring for Meeting<A, O> {
+    fn ring(&self) {
+        let _t = lock(&self.table);
+        self.changed.notify_all();
+    }
+}
+
+impl<A: Send + 'static, O: Send + 'static> Meeting<A, O> {
     /// A meeting place for `n` ranks.
     pub(crate) fn new(n: usize) -> Meeting<A, O> {
         Meeting {
@@ -52,11 +60,11 @@ impl<A, O> Meeting<A, O> {
     /// Joins round `round` as `rank` with `arrival`, and returns this
     /// rank's outcome. The last rank to join takes every arrival (in rank
     /// order) and runs `host` on them, which gives each rank's outcome.
-    /// Waits as long as `patience` allows; `missing` is asked, each tick,
-    /// about the ranks not yet here, and may end the wait (a rank that
-    /// left will never come).
+    /// Waits as long as `patience` allows; `missing` is asked, whenever
+    /// the watch's alarm rings, about the ranks not yet here, and may end
+    /// the wait (a rank that left will never come).
     pub(crate) fn meet(
-        &self,
+        self: &Arc<Self>,
         rank: usize,
         round: u64,
         arrival: A,
@@ -101,28 +109,36 @@ impl<A, O> Meeting<A, O> {
             watch: &ready,
             ..*patience
         };
+        let bell: Arc<dyn Ring> = self.clone();
         let waited = patience.until(
             || {
                 let t = lock(&self.table);
                 let absent: Vec<String> = absent(&t, round).map(|i| i.to_string()).collect();
                 format!("ranks {} to join on the shared device", absent.join(", "))
             },
-            |tick| {
+            &bell,
+            |slice| {
                 let mut t = lock(&self.table);
                 if let Some(o) = take_outcome(&mut t, rank, round) {
                     return Ok(Some(o));
                 }
-                t = self
-                    .changed
-                    .wait_timeout(t, tick)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                // A rank that left before this look rang no bell for it:
+                // ask about the absent ones before sleeping.
+                let absent: Vec<usize> = absent(&t, round).collect();
+                drop(t);
+                missing(&absent)?;
+                t = lock(&self.table);
                 if let Some(o) = take_outcome(&mut t, rank, round) {
                     return Ok(Some(o));
                 }
-                let absent: Vec<usize> = absent(&t, round).collect();
-                drop(t);
-                missing(&absent).map(|()| None)
+                if !slice.rung() {
+                    t = self
+                        .changed
+                        .wait_timeout(t, slice.limit)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+                Ok(take_outcome(&mut t, rank, round))
             },
         );
         if waited.is_err() {
@@ -161,6 +177,10 @@ impl<A, O> Watch for ReadyFirst<'_, A, O> {
 
     fn timed_out(&self, what: String, after: std::time::Duration) -> crate::error::Error {
         self.inner.timed_out(what, after)
+    }
+
+    fn alarm(&self) -> &Alarm {
+        self.inner.alarm()
     }
 }
 

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use crate::deadline::Patience;
+use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Signal, Ticket};
 use crate::error::Result;
 
@@ -59,23 +59,26 @@ impl Staging {
 
     /// Waits until the map asked for by `arm` has happened.
     fn mapped(&self, dev: &RankDevice, p: &Patience, what: &str) -> Result<()> {
+        let bell: Arc<dyn Ring> = dev.map_signal();
         p.until(
             || format!("the {what} buffer to be mapped for #{}", p.seq),
-            |tick| {
+            &bell,
+            |slice| {
                 let seen = dev.generation();
                 match self.state.load(Ordering::Acquire) {
                     MAP_READY => Ok(Some(())),
                     MAP_FAILED => Err(p.device_error(format!("mapping the {what} buffer failed"))),
+                    _ if slice.rung() => Ok(None),
                     _ => {
                         // Reports the device's faults; else waits for the
                         // submission, then for its map callback.
                         match self.last_use {
                             Some(t) if !dev.is_done(t) => {
-                                dev.poll_for(t, tick, Some(p.seq))?;
+                                dev.poll_since(t, seen, slice.limit, Some(p.seq))?;
                             }
                             _ => {
                                 dev.check(Some(p.seq))?;
-                                dev.wait_change(seen, tick);
+                                dev.wait_change(seen, slice.limit);
                             }
                         }
                         Ok(None)
@@ -269,9 +272,11 @@ impl Stager {
             .lends
             .get_mut(i)
             .ok_or_else(|| p.device_error("lending before reserve".into()))?;
+        let bell: Arc<dyn Ring> = dev.map_signal();
         let released = p.until(
             || format!("the next rank to let go of a lent buffer of #{}", p.seq),
-            |tick| {
+            &bell,
+            |slice| {
                 if Arc::strong_count(&slot.hold) == 1 {
                     std::sync::atomic::fence(Ordering::Acquire);
                     return Ok(Some(()));
@@ -285,7 +290,9 @@ impl Stager {
                     return Ok(Some(()));
                 }
                 // The last loan dropped after the check wakes us (see `Loan::drop`).
-                dev.wait_change(seen, tick);
+                if !slice.rung() {
+                    dev.wait_change(seen, slice.limit);
+                }
                 Ok(None)
             },
         );

@@ -18,8 +18,10 @@ use crate::device::RankDevice;
 use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::runtime::collectives::{Compared, Unit, missing, offsets, scratch};
-use crate::runtime::fingerprint::{Fingerprint, Kind};
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, count_sum, missing, offsets,
+    scratch,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -37,21 +39,35 @@ impl AllGatherV {
     }
 }
 
-impl Unit for AllGatherV {
-    fn kind(&self) -> Kind {
-        Kind::AllGatherV
+impl AllGatherV {
+    /// The all_gather_v of `x`, rank r contributing `counts[r]` elements.
+    pub(crate) fn of(x: &Tensor, counts: &[usize]) -> AllGatherV {
+        AllGatherV {
+            dtype: x.dtype(),
+            counts: counts.to_vec(),
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for AllGatherV {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.counts.iter().sum()),
-            root: None,
-            shape: Fingerprint::shape_of(&self.counts),
+        Compared::lens(&self.counts)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        let total = count_sum(seat, "counts", &self.counts)?;
+        let mine = self.counts.get(seat.rank).copied().unwrap_or(0);
+        if input != mine {
+            return Err(format!(
+                "all_gather_v: this rank's tensor has {input} elements, but counts {:?} give it {mine}",
+                self.counts
+            ));
         }
+        Ok(Layout::apart(total))
     }
 
     fn plans(&self) -> &'static [Plan] {
@@ -61,6 +77,7 @@ impl Unit for AllGatherV {
     fn direct_feasible(
         &self,
         _dev: &RankDevice,
+        _calls: &[&Collective],
         _ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
@@ -77,9 +94,10 @@ impl Unit for AllGatherV {
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let size = self.dtype.size();
         let (offs, _) = offsets(&self.counts, size);
         for (r, x) in ins.iter().enumerate() {
@@ -89,12 +107,18 @@ impl Unit for AllGatherV {
                 steps.copy(x.buffer(), 0, o.buffer(), offs[r] as u64, bytes);
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.dev, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl AllGatherV {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(
         &self,
-        _plan: Plan,
         p: &mut Prims<'_>,
         dev: &Arc<RankDevice>,
         ins: &[Tensor],

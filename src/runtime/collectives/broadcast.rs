@@ -2,16 +2,14 @@
 //! copies from the root's buffer; otherwise a chain from the root, slice
 //! by slice, each rank passing on what it received.
 
-use std::sync::Arc;
-
 use crate::algo::chain;
 use crate::algo::direct::Steps;
-use crate::device::RankDevice;
 use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::runtime::collectives::{Compared, Unit, missing};
-use crate::runtime::fingerprint::Kind;
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, missing, root_of,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -23,42 +21,42 @@ pub(crate) struct Broadcast {
     pub root: usize,
 }
 
-impl Unit for Broadcast {
-    fn kind(&self) -> Kind {
-        Kind::Broadcast
+impl Broadcast {
+    /// The broadcast of `x` from `root`.
+    pub(crate) fn of(x: &Tensor, root: usize) -> Broadcast {
+        Broadcast {
+            dtype: x.dtype(),
+            len: x.len(),
+            root,
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for Broadcast {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.len),
-            root: Some(self.root),
-            shape: 0,
-        }
+        Compared::rooted(self.len, self.root)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        root_of(seat, self.root)?;
+        Ok(Layout::in_place(input))
     }
 
     fn plans(&self) -> &'static [Plan] {
         &[Plan::Direct, Plan::Chain]
     }
 
-    fn direct_feasible(
-        &self,
-        _dev: &RankDevice,
-        _ins: &[&[Tensor]],
-        _outs: &[&[Tensor]],
-    ) -> std::result::Result<(), String> {
-        Ok(())
-    }
-
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let x = ins
             .get(self.root)
             .and_then(|x| x.first())
@@ -66,17 +64,17 @@ impl Unit for Broadcast {
         for o in outs.iter().filter_map(|o| o.first()) {
             steps.copy(x.buffer(), 0, o.buffer(), 0, x.used_bytes());
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
-        &self,
-        _plan: Plan,
-        p: &mut Prims<'_>,
-        _dev: &Arc<RankDevice>,
-        ins: &[Tensor],
-        outs: &[Tensor],
-    ) -> Result<()> {
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl Broadcast {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(&self, p: &mut Prims<'_>, ins: &[Tensor], outs: &[Tensor]) -> Result<()> {
         let r = p.rank();
         let (Some(x), Some(out)) = (ins.first(), outs.first()) else {
             return Err(missing(r));

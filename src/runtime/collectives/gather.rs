@@ -2,16 +2,16 @@
 //! not touched elsewhere). On a shared device, device copies into the
 //! root's output; otherwise the root takes each rank's slices in turn.
 
-use std::sync::Arc;
-
 use crate::algo::direct::Steps;
 use crate::algo::star;
 use crate::device::RankDevice;
 use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::runtime::collectives::{Compared, Unit, firsts, missing, whole_words};
-use crate::runtime::fingerprint::Kind;
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, firsts, gathered, missing, root_of,
+    whole_words,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -24,20 +24,36 @@ pub(crate) struct Gather {
     pub root: usize,
 }
 
-impl Unit for Gather {
-    fn kind(&self) -> Kind {
-        Kind::Gather
+impl Gather {
+    /// The gather of `x` to `root`.
+    pub(crate) fn of(x: &Tensor, root: usize) -> Gather {
+        Gather {
+            dtype: x.dtype(),
+            len: x.len(),
+            root,
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for Gather {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.len),
-            root: Some(self.root),
-            shape: 0,
+        Compared::rooted(self.len, self.root)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        root_of(seat, self.root)?;
+        if seat.rank == self.root {
+            Ok(Layout::apart(gathered(seat, input)?))
+        } else {
+            // Off the root the output is not touched.
+            Ok(Layout {
+                out: None,
+                ..Layout::apart(0)
+            })
         }
     }
 
@@ -52,6 +68,7 @@ impl Unit for Gather {
     fn direct_feasible(
         &self,
         _dev: &RankDevice,
+        _calls: &[&Collective],
         ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
@@ -61,9 +78,10 @@ impl Unit for Gather {
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let (xs, os) = (firsts(ins)?, firsts(outs)?);
         let out = os.get(self.root).ok_or_else(|| missing(self.root))?;
         let bytes = xs.first().map_or(0, |x| x.byte_len());
@@ -76,17 +94,17 @@ impl Unit for Gather {
                 bytes,
             );
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
-        &self,
-        _plan: Plan,
-        p: &mut Prims<'_>,
-        _dev: &Arc<RankDevice>,
-        ins: &[Tensor],
-        outs: &[Tensor],
-    ) -> Result<()> {
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl Gather {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(&self, p: &mut Prims<'_>, ins: &[Tensor], outs: &[Tensor]) -> Result<()> {
         let (Some(x), Some(out)) = (ins.first(), outs.first()) else {
             return Err(missing(p.rank()));
         };

@@ -12,8 +12,10 @@ use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::collectives::{Compared, Unit, firsts, missing, reducible, scratch};
-use crate::runtime::fingerprint::Kind;
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, firsts, missing, reducible,
+    root_of, scratch,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -26,13 +28,21 @@ pub(crate) struct Reduce {
     pub root: usize,
 }
 
-impl Unit for Reduce {
-    fn kind(&self) -> Kind {
-        Kind::Reduce
+impl Reduce {
+    /// The reduction of `x` with `op` to `root`.
+    pub(crate) fn of(x: &Tensor, op: ReduceOp, root: usize) -> Reduce {
+        Reduce {
+            dtype: x.dtype(),
+            len: x.len(),
+            op,
+            root,
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for Reduce {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn op(&self) -> Option<ReduceOp> {
@@ -40,11 +50,12 @@ impl Unit for Reduce {
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.len),
-            root: Some(self.root),
-            shape: 0,
-        }
+        Compared::rooted(self.len, self.root)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        root_of(seat, self.root)?;
+        Ok(Layout::in_place(input))
     }
 
     fn plans(&self) -> &'static [Plan] {
@@ -54,6 +65,7 @@ impl Unit for Reduce {
     fn direct_feasible(
         &self,
         dev: &RankDevice,
+        _calls: &[&Collective],
         ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
@@ -63,9 +75,10 @@ impl Unit for Reduce {
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let (xs, os) = (firsts(ins)?, firsts(outs)?);
         let out = os.get(self.root).ok_or_else(|| missing(self.root))?;
         let bytes = xs.first().map_or(0, |x| x.used_bytes());
@@ -77,12 +90,18 @@ impl Unit for Reduce {
                 steps.copy(x.buffer(), 0, o.buffer(), 0, x.used_bytes());
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.dev, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl Reduce {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(
         &self,
-        _plan: Plan,
         p: &mut Prims<'_>,
         dev: &Arc<RankDevice>,
         ins: &[Tensor],

@@ -19,8 +19,10 @@ use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::collectives::{Compared, Unit, missing, offsets, reducible, scratch};
-use crate::runtime::fingerprint::{Fingerprint, Kind};
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, count_sum, missing, offsets,
+    reducible, scratch,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -32,13 +34,20 @@ pub(crate) struct ReduceScatterV {
     pub op: ReduceOp,
 }
 
-impl Unit for ReduceScatterV {
-    fn kind(&self) -> Kind {
-        Kind::ReduceScatterV
+impl ReduceScatterV {
+    /// The reduce_scatter_v of `x` with `op`, rank r getting `counts[r]` elements.
+    pub(crate) fn of(x: &Tensor, counts: &[usize], op: ReduceOp) -> ReduceScatterV {
+        ReduceScatterV {
+            dtype: x.dtype(),
+            counts: counts.to_vec(),
+            op,
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for ReduceScatterV {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn op(&self) -> Option<ReduceOp> {
@@ -46,11 +55,20 @@ impl Unit for ReduceScatterV {
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.counts.iter().sum()),
-            root: None,
-            shape: Fingerprint::shape_of(&self.counts),
+        Compared::lens(&self.counts)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        let total = count_sum(seat, "counts", &self.counts)?;
+        if input != total {
+            return Err(format!(
+                "reduce_scatter_v: the tensor has {input} elements, but counts {:?} add up to {total}",
+                self.counts
+            ));
         }
+        Ok(Layout::apart(
+            self.counts.get(seat.rank).copied().unwrap_or(0),
+        ))
     }
 
     fn plans(&self) -> &'static [Plan] {
@@ -60,6 +78,7 @@ impl Unit for ReduceScatterV {
     fn direct_feasible(
         &self,
         dev: &RankDevice,
+        _calls: &[&Collective],
         _ins: &[&[Tensor]],
         _outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
@@ -78,9 +97,10 @@ impl Unit for ReduceScatterV {
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let size = self.dtype.size();
         let (offs, _) = offsets(&self.counts, size);
         let xs: Vec<&wgpu::Buffer> = ins
@@ -101,12 +121,18 @@ impl Unit for ReduceScatterV {
                 bytes,
             )?;
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.dev, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl ReduceScatterV {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(
         &self,
-        _plan: Plan,
         p: &mut Prims<'_>,
         dev: &Arc<RankDevice>,
         ins: &[Tensor],

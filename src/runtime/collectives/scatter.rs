@@ -2,16 +2,16 @@
 //! elsewhere). On a shared device, device copies out of the root's
 //! input; otherwise the root hands each rank its slices in turn.
 
-use std::sync::Arc;
-
 use crate::algo::direct::Steps;
 use crate::algo::star;
 use crate::device::RankDevice;
 use crate::device::tensor::Tensor;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::runtime::collectives::{Compared, Unit, firsts, missing, whole_words};
-use crate::runtime::fingerprint::Kind;
+use crate::runtime::collectives::{
+    Collective, Compared, Here, Layout, Seat, SplitTable, Unit, firsts, gathered, missing, root_of,
+    whole_words,
+};
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 
@@ -24,21 +24,40 @@ pub(crate) struct Scatter {
     pub root: usize,
 }
 
-impl Unit for Scatter {
-    fn kind(&self) -> Kind {
-        Kind::Scatter
+impl Scatter {
+    /// The scatter from `root` into `out` (its length is each rank's share).
+    pub(crate) fn of(out: &Tensor, root: usize) -> Scatter {
+        Scatter {
+            dtype: out.dtype(),
+            len: out.len(),
+            root,
+        }
     }
+}
 
-    fn dtype(&self) -> DType {
-        self.dtype
+impl Unit for Scatter {
+    fn dtype(&self) -> Option<DType> {
+        Some(self.dtype)
     }
 
     fn compared(&self) -> Compared {
-        Compared {
-            len: Some(self.len),
-            root: Some(self.root),
-            shape: 0,
+        Compared::rooted(self.len, self.root)
+    }
+
+    fn layout(&self, seat: Seat, input: usize) -> std::result::Result<Layout, String> {
+        root_of(seat, self.root)?;
+        let want = gathered(seat, self.len)?;
+        if seat.rank == self.root && input != want {
+            return Err(format!(
+                "the root's input has {input} elements, {want} expected ({} ranks x {})",
+                seat.size, self.len
+            ));
         }
+        Ok(Layout::apart(self.len))
+    }
+
+    fn reads_input(&self, rank: usize) -> bool {
+        rank == self.root
     }
 
     fn plans(&self) -> &'static [Plan] {
@@ -48,6 +67,7 @@ impl Unit for Scatter {
     fn direct_feasible(
         &self,
         _dev: &RankDevice,
+        _calls: &[&Collective],
         _ins: &[&[Tensor]],
         outs: &[&[Tensor]],
     ) -> std::result::Result<(), String> {
@@ -57,9 +77,10 @@ impl Unit for Scatter {
     fn direct_steps(
         &self,
         steps: &mut Steps<'_>,
+        _calls: &[&Collective],
         ins: &[Vec<Tensor>],
         outs: &[Vec<Tensor>],
-    ) -> Result<()> {
+    ) -> Result<Option<SplitTable>> {
         let (xs, os) = (firsts(ins)?, firsts(outs)?);
         let x = xs.get(self.root).ok_or_else(|| missing(self.root))?;
         let bytes = os.first().map_or(0, |o| o.byte_len());
@@ -72,17 +93,17 @@ impl Unit for Scatter {
                 bytes,
             );
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn run(
-        &self,
-        _plan: Plan,
-        p: &mut Prims<'_>,
-        _dev: &Arc<RankDevice>,
-        ins: &[Tensor],
-        outs: &[Tensor],
-    ) -> Result<()> {
+    fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
+        self.part(p, at.ins, at.outs).map(|()| None)
+    }
+}
+
+impl Scatter {
+    /// This rank's part, on views its steps can work on where they lie.
+    fn part(&self, p: &mut Prims<'_>, ins: &[Tensor], outs: &[Tensor]) -> Result<()> {
         let (Some(x), Some(out)) = (ins.first(), outs.first()) else {
             return Err(missing(p.rank()));
         };

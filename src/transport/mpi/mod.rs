@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crossbeam::channel::{Receiver, RecvTimeoutError};
+use crossbeam::channel::Receiver;
 
 use self::hub::{Frame, HEADER, Hub, Route};
-use super::{Body, Closed, LANES, Lane, Packet, Transport};
+use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
 pub(crate) trait Header: Sized {
@@ -186,10 +186,8 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             .and_then(Option::clone)
             .ok_or(Closed)?;
         let _waiting = self.hub.wait();
-        let frame = match rx.recv_timeout(limit) {
-            Ok(f) => f,
-            Err(RecvTimeoutError::Timeout) => return Ok(None),
-            Err(RecvTimeoutError::Disconnected) => return Err(Closed),
+        let Some(frame) = self.local.wake().recv(&rx, limit)? else {
+            return Ok(None);
         };
         let fp = H::decode(&frame.header).ok_or(Closed)?;
         Ok(Some(Packet {
@@ -198,6 +196,11 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             body: Body::Bytes(frame.body),
             receipt: None,
         }))
+    }
+
+    fn wake(&self) -> &Arc<Wake> {
+        // One wake for both kinds of peer: a rank waits on one at a time.
+        self.local.wake()
     }
 
     fn carries_loans(&self, peer: usize) -> bool {
