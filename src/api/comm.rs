@@ -1098,7 +1098,8 @@ impl Communicator {
             let layout = unit
                 .layout(self.seat(), x.map_or(0, Tensor::len))
                 .map_err(|why| Error::invalid(me, why))?;
-            if layout.scratch > 0 {
+            // The same for every input: checked once.
+            if i == 0 && layout.scratch > 0 {
                 Tensor::buffer_size(&self.inner.dev, dtype, layout.scratch)?;
             }
             let out = match (dest, layout.out) {
