@@ -289,6 +289,39 @@ fn the_planner_runs_direct_on_a_shared_device_and_a_ring_on_separate_ones() {
     }
 }
 
+/// The groups `split` makes meet where their parent met (their links
+/// carry a meeting place of their own), and not where it did not.
+#[test]
+fn a_split_group_meets_on_the_device_its_parent_met_on() {
+    for (placement, direct) in [
+        (Placement::SharedDevice, true),
+        (Placement::DevicePerRank, false),
+    ] {
+        let w = world(4, placement, None).unwrap_or_else(|e| panic!("{e}"));
+        let got = run(&w, "split, then all_reduce", |c| {
+            let sub = c
+                .split(Some((c.rank() % 2) as u32), c.rank())?
+                .ok_or_else(|| Error::InvalidArgument {
+                    rank: Some(c.rank()),
+                    what: "every rank has a color".into(),
+                })?;
+            let x = sub.tensor(&[c.rank() as i32 + 1; 8])?;
+            let sum = sub.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<i32>()?;
+            Ok((last_plan(&sub), sum))
+        });
+        for (r, (plan, sum)) in got.into_iter().enumerate() {
+            // Ranks r and r+2 (the same parity) sum r+1 and r+3.
+            let want = if r % 2 == 0 { 1 + 3 } else { 2 + 4 };
+            assert_eq!(sum, vec![want; 8], "{placement}, rank {r}");
+            assert_eq!(
+                plan == Some(Plan::Direct),
+                direct,
+                "{placement}, rank {r}: {plan:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_bad_plan_name_is_refused() {
     assert_eq!(Plan::parse("ring"), None);

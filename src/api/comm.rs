@@ -161,11 +161,10 @@ pub(crate) struct Call {
     outputs: Vec<Output>,
 }
 
-/// How a rank reaches the rest of its group: its ends of the links, and
-/// the meeting place when the whole group shares one device.
+/// How a rank reaches the rest of its group: its end of the links (which
+/// carries the meeting place when the whole group shares one device).
 pub(crate) struct Reach {
     pub endpoint: Arc<Link>,
-    pub group: Option<Arc<shared::Group>>,
     /// The group's splits in progress (one registry per group).
     pub splits: Arc<Splits>,
 }
@@ -180,11 +179,8 @@ impl Communicator {
         timeout: Duration,
         tuning: Tuning,
     ) -> Result<Communicator> {
-        let Reach {
-            endpoint,
-            group,
-            splits,
-        } = reach;
+        let Reach { endpoint, splits } = reach;
+        let group = shared::meeting_of(&*endpoint);
         let (tx, rx) = unbounded();
         let inflight = Arc::new(Inflight::default());
         let counters = Arc::new(Counters::default());
@@ -1007,15 +1003,12 @@ impl Communicator {
             inner
                 .splits
                 .join(&inner.health, &*inner.endpoint, (seq, color), &parents, me)?;
-        // A subset of a group on one device is on that device too.
-        let group = inner.group.as_ref().map(|_| joined.group);
         Communicator::new(
             me,
             parents.len(),
             inner.dev.clone(),
             Reach {
                 endpoint,
-                group,
                 splits: joined.splits,
             },
             joined.health,

@@ -20,7 +20,9 @@ use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
+use crate::runtime::shared;
 use crate::runtime::split::Splits;
+use crate::transport::MakePlace;
 use crate::transport::local::mesh;
 
 /// Most ranks a world may have.
@@ -411,7 +413,10 @@ impl World {
         devices: Vec<Arc<RankDevice>>,
         config: &WorldConfig,
     ) -> Result<World> {
-        Self::assemble_on(instance, devices, mesh(config.ranks), config)
+        // Ranks that share their device meet at a place their links carry.
+        let meets = Self::shares(config, &devices, config.ranks)?;
+        let links = mesh(config.ranks, meets.then_some(shared::place as MakePlace));
+        Self::assemble_on(instance, devices, links, config)
     }
 
     /// A world whose rank r talks through `links[r]`.
@@ -433,6 +438,30 @@ impl World {
 
     /// A world of `ranks.1` ranks of which these devices and links are
     /// ranks `ranks.0..`, with `tuning` agreed by all of them.
+    /// Whether the `n` ranks meet on one device: when every rank shares
+    /// it, unless the ranks are to model separate GPUs; a shared placement
+    /// asked of ranks that do not share one is refused.
+    fn shares(config: &WorldConfig, devices: &[Arc<RankDevice>], n: usize) -> Result<bool> {
+        let asked = config.placement()?;
+        let together = devices.len() == n
+            && devices
+                .first()
+                .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
+        if asked == Placement::SharedDevice && !together {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!(
+                    "the shared placement was asked for (WorldConfig::with_placement or \
+                     WGPU_COLLECTIVES_PLACEMENT=shared), but the {n} ranks do not all run on \
+                     one device in this process ({} here, not all the same): give \
+                     from_devices one device for every rank, or ask for another placement",
+                    devices.len()
+                ),
+            });
+        }
+        Ok(n > 1 && asked != Placement::DevicePerRank && together)
+    }
+
     pub(crate) fn assemble_with(
         instance: Option<wgpu::Instance>,
         devices: Vec<Arc<RankDevice>>,
@@ -452,10 +481,12 @@ impl World {
                 ),
             });
         }
-        let first = devices.first().ok_or_else(|| Error::InvalidArgument {
-            rank: None,
-            what: "a world needs at least one rank".into(),
-        })?;
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: "a world needs at least one rank".into(),
+            });
+        }
         tracing::info!(
             ranks = n,
             algorithm = ?tuning.algorithm,
@@ -464,23 +495,20 @@ impl World {
             dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
             "world: cost model measured on rank 0's device"
         );
-        // The group meets on the device when every rank shares it, unless
-        // the ranks are to model separate GPUs.
-        let asked = config.placement()?;
-        let together = devices.len() == n && devices.iter().all(|d| d.same_device(first));
-        if asked == Placement::SharedDevice && !together {
-            return Err(Error::InvalidArgument {
-                rank: None,
-                what: format!(
-                    "the shared placement was asked for (WorldConfig::with_placement or \
-                     WGPU_COLLECTIVES_PLACEMENT=shared), but the {n} ranks do not all run on \
-                     one device in this process ({} here, not all the same): give \
-                     from_devices one device for every rank, or ask for another placement",
-                    devices.len()
+        let shared = Self::shares(config, &devices, n)?;
+        // The group meets where its links say: they carry the place.
+        let group = links.first().and_then(|l| shared::meeting_of(&**l));
+        if shared != group.is_some() {
+            return Err(Error::device(
+                base,
+                None,
+                format!(
+                    "internal: the {n} ranks {} one device, but their links {} a meeting place",
+                    if shared { "share" } else { "do not share" },
+                    if group.is_some() { "carry" } else { "carry no" }
                 ),
-            });
+            ));
         }
-        let shared = n > 1 && asked != Placement::DevicePerRank && together;
         let placement = if shared {
             Placement::SharedDevice
         } else {
@@ -497,7 +525,6 @@ impl World {
                 ),
             });
         }
-        let group = shared.then(|| Arc::new(crate::runtime::shared::Group::new(n)));
         for d in &devices {
             tracing::info!(
                 rank = d.rank,
@@ -532,7 +559,6 @@ impl World {
                     dev,
                     Reach {
                         endpoint,
-                        group: group.clone(),
                         splits: splits.clone(),
                     },
                     health.clone(),
@@ -810,6 +836,9 @@ mod tests {
         fn wake(&self) -> &Arc<crate::transport::Wake> {
             self.0.wake()
         }
+        fn meeting(&self) -> Option<crate::transport::Place> {
+            self.0.meeting()
+        }
         fn carries_loans(&self, _peer: usize) -> bool {
             false
         }
@@ -838,7 +867,8 @@ mod tests {
             .map(|r| RankDevice::new(r, &adapters[r % adapters.len()], config.timeout, &wants))
             .collect::<Result<Vec<_>>>()
             .expect("devices");
-        let links = mesh(n)
+        // A device per rank: no meeting.
+        let links = mesh(n, None)
             .into_iter()
             .map(|l| {
                 if loans {

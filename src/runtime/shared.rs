@@ -23,10 +23,12 @@ use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collectives::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Tuning};
 use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
+use crate::transport::Place;
 use crate::transport::shared::Meeting;
 
 /// What a rank brings to the meeting.
@@ -55,6 +57,17 @@ pub(crate) enum Outcome {
 
 /// Where a shared-device group meets.
 pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
+
+/// A meeting place for a group of `n` ranks, as the transport carries it
+/// (`transport::local::mesh`).
+pub(crate) fn place(n: usize) -> Place {
+    Arc::new(Group::new(n))
+}
+
+/// Where `link`'s group meets, when its ranks all share one device.
+pub(crate) fn meeting_of(link: &Link) -> Option<Arc<Group>> {
+    link.meeting()?.downcast::<Group>().ok()
+}
 
 /// Runs `what` on `ins` and `outs` (this rank's) with the rest of the group.
 #[allow(

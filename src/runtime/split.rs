@@ -1,6 +1,7 @@
 //! Groups that `split` is forming, until every member has joined: the
-//! first member of a color to arrive makes the new group's links, its
-//! health record (a child of the parent's) and its meeting place.
+//! first member of a color to arrive makes the new group's links (which
+//! carry its meeting place, when the parent's did) and its health record
+//! (a child of the parent's).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,6 @@ use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
-use crate::runtime::shared;
 
 /// One group's splits in progress.
 #[derive(Default)]
@@ -27,8 +27,6 @@ struct Forming {
 #[derive(Clone)]
 pub(crate) struct Joined {
     pub health: Arc<Health>,
-    /// Where the new group meets, should its ranks share one device.
-    pub group: Arc<shared::Group>,
     /// The new group's own splits.
     pub splits: Arc<Splits>,
 }
@@ -53,7 +51,6 @@ impl Splits {
                     parents.len(),
                     (health.clone(), parents.to_vec()),
                 )),
-                group: Arc::new(shared::Group::new(parents.len())),
                 splits: Arc::new(Splits::default()),
             },
         });

@@ -26,7 +26,7 @@ use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Ticket};
 use crate::error::Error;
 
-use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
+use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
 
 /// Map states of a staging buffer, set by its map callback.
 pub(crate) const MAP_PENDING: u8 = 0;
@@ -136,10 +136,18 @@ pub(crate) struct Local<H> {
     from: Vec<Receiver<Packet<H>>>,
     pool: Arc<ArrayQueue<Vec<u8>>>,
     wake: Arc<Wake>,
+    /// The group's meeting place, and how to make one for a split.
+    meeting: Option<(Place, MakePlace)>,
 }
 
 /// Links between every pair of `n` ranks; entry `r` is rank `r`'s end.
-pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
+/// With `meeting`, the ranks share one device and meet at a place it
+/// makes, the same for every end.
+pub(crate) fn mesh<H: Send + 'static>(
+    n: usize,
+    meeting: Option<MakePlace>,
+) -> Vec<Arc<dyn Transport<H>>> {
+    let meeting = meeting.map(|make| (make(n), make));
     let pool = Arc::new(ArrayQueue::new(
         n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
     ));
@@ -156,6 +164,7 @@ pub(crate) fn mesh<H: Send + 'static>(n: usize) -> Vec<Arc<dyn Transport<H>>> {
                 from: ends().map(|(p, l)| links[p][end(r, l)].1.clone()).collect(),
                 pool: pool.clone(),
                 wake: Arc::default(),
+                meeting: meeting.clone(),
             }) as Arc<dyn Transport<H>>
         })
         .collect()
@@ -184,6 +193,10 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
         &self.wake
     }
 
+    fn meeting(&self) -> Option<Place> {
+        self.meeting.as_ref().map(|(place, _)| place.clone())
+    }
+
     fn carries_loans(&self, _peer: usize) -> bool {
         true
     }
@@ -194,7 +207,10 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
         _color: u32,
         members: &[usize],
     ) -> Vec<Option<Arc<dyn Transport<H>>>> {
-        mesh(members.len()).into_iter().map(Some).collect()
+        mesh(members.len(), self.meeting.as_ref().map(|(_, make)| *make))
+            .into_iter()
+            .map(Some)
+            .collect()
     }
 
     fn drain(&self) {

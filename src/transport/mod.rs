@@ -137,6 +137,15 @@ impl<H> Packet<H> {
     }
 }
 
+/// Where the ends of a group whose ranks all share one device meet
+/// (`shared.rs`'s `Meeting`, holding what the runtime brings to it): the
+/// transport makes it and hands it over, the runtime knows what it holds.
+pub(crate) type Place = Arc<dyn std::any::Any + Send + Sync>;
+
+/// Makes the meeting place of a group of n ranks (for the groups `split`
+/// makes out of a group that meets).
+pub(crate) type MakePlace = fn(usize) -> Place;
+
 /// Wakes a rank blocked in [`Transport::recv`]: a raised alarm rings it
 /// (see `deadline::Alarm`), and the receive returns empty-handed so that
 /// the wait looks at its watch again.
@@ -188,6 +197,12 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// What wakes this end's [`recv`](Self::recv) early.
     fn wake(&self) -> &Arc<Wake>;
 
+    /// Where this end's group meets instead of sending bytes, when its
+    /// ranks all share one device; the same place on every end.
+    fn meeting(&self) -> Option<Place> {
+        None
+    }
+
     /// Whether packets to `peer` may carry [`Body::Loan`] (sender and
     /// receiver share the process).
     fn carries_loans(&self, peer: usize) -> bool;
@@ -196,7 +211,9 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// here, in the new group's order) by `split` number `seq` for `color`:
     /// entry i is member i's end where it lives in this process, `None`
     /// elsewhere. Every member calls it; the first to arrive in a process
-    /// makes the ends for that process's members.
+    /// makes the ends for that process's members. A group that meets
+    /// makes groups that meet (a subset of ranks on one device is on it
+    /// too), each at a place of its own.
     fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<dyn Transport<H>>>>;
 
     /// Drops packets left over from an earlier, failed run.

@@ -65,7 +65,8 @@ pub(crate) fn ends<H: Header + Send + 'static>(
 ) -> Vec<Option<Arc<dyn Transport<H>>>> {
     let layout = Arc::new(layout);
     let n = layout.process_of.len();
-    let mut local = super::local::mesh::<H>(n).into_iter();
+    // Ranks of several processes never all share one device: no meeting.
+    let mut local = super::local::mesh::<H>(n, None).into_iter();
     (0..n)
         .map(|me| {
             let here = local.next()?;
