@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use wgpu_collectives::{ReduceOp, WorldConfig};
+use wgpu_collectives::{Placement, Plan, ReduceOp, World, WorldConfig};
 
 use bench::args::{self, Args};
 use bench::{ceiling, report};
@@ -60,6 +60,20 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(name) = &a.adapter {
         config = config.with_adapter_name(name);
     }
+    if let Some(p) = &a.placement {
+        let placement = Placement::parse(p)
+            .ok_or_else(|| format!("--placement {p:?}: auto, shared or per-rank"))?;
+        config = config.with_placement(placement);
+    }
+    // `--plan all`: a world per plan besides the planner's own.
+    let sweep = a.plan.as_deref() == Some("all");
+    if let Some(p) = a.plan.as_deref().filter(|_| !sweep) {
+        let plan = Plan::parse(p).ok_or_else(|| {
+            let names: Vec<&str> = Plan::ALL.iter().map(|p| p.name()).collect();
+            format!("--plan {p:?}: one of {} or all", names.join(", "))
+        })?;
+        config = config.with_plan(Some(plan));
+    }
     let progress = std::io::stderr().is_terminal();
     let say = |what: &str| {
         if progress {
@@ -68,7 +82,22 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     };
     say("finding adapters, making devices, measuring the cost model ...");
-    let world = bench::world(config)?;
+    let world = bench::world(config.clone())?;
+    // Plans that cannot run here at all (the direct kernels between
+    // devices of their own) make no world, and are left out.
+    let forced: Vec<(Plan, World)> = if sweep {
+        say("making a world per plan ...");
+        Plan::ALL
+            .iter()
+            .filter_map(|&p| {
+                bench::world(config.clone().with_plan(Some(p)))
+                    .ok()
+                    .map(|w| (p, w))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // Under mpirun every process measures; the one holding rank 0 prints.
     let lead = world.local_ranks().start == 0;
     let say = |what: &str| {
@@ -127,12 +156,40 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             );
             let _ = std::io::stderr().flush();
         }
-        let row = bench::row(&world, &with_root(root), dtype, op, bytes)?;
-        if progress && lead {
-            eprint!("\r\x1b[K");
+        if !sweep {
+            let row = bench::row(&world, &with_root(root), dtype, op, bytes)?;
+            if progress && lead {
+                eprint!("\r\x1b[K");
+            }
+            out!("{}", bench::line(&row));
+            rows.push(row);
+            continue;
         }
-        out!("{}", bench::line(&row));
-        rows.push(row);
+        // The planner's choice for this size: one untimed, unchecked call.
+        let probe = Args {
+            iters: 1,
+            warmup: 0,
+            check: 0,
+            ..with_root(root)
+        };
+        let chosen = bench::row(&world, &probe, dtype, op, bytes)?.plan;
+        for (plan, w) in &forced {
+            match bench::row(w, &with_root(root), dtype, op, bytes) {
+                // A plan the collective does not offer runs another: left out.
+                Ok(row) if row.plan != Some(*plan) => {}
+                Ok(mut row) => {
+                    row.chosen = chosen == Some(*plan);
+                    if progress && lead {
+                        eprint!("\r\x1b[K");
+                    }
+                    out!("{}", bench::line(&row));
+                    rows.push(row);
+                }
+                // A plan that cannot run this size (refused with the reason).
+                Err(wgpu_collectives::Error::InvalidArgument { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     let timings: Vec<_> = rows

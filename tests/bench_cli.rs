@@ -466,3 +466,81 @@ fn root_all_measures_every_root() {
         );
     }
 }
+
+/// `--plan all` prints a row per plan that runs each size, and marks the
+/// planner's choice on exactly one of them; `--plan` and `--placement`
+/// force what they name, and a name they do not know is refused.
+#[test]
+fn plan_all_rows_every_plan_and_marks_the_choice() {
+    let o = bench(&[
+        "-b",
+        "4K",
+        "-e",
+        "64K",
+        "-f",
+        "16",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--placement",
+        "per-rank",
+        "--plan",
+        "all",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let table = rows(&out);
+    for size in ["4096", "65536"] {
+        let plans: Vec<&str> = table
+            .iter()
+            .filter(|r| r[0] == size)
+            .map(|r| r.last().map_or("", String::as_str))
+            .collect();
+        // A device per rank: every all-reduce plan but the direct kernels.
+        let mut names: Vec<&str> = plans.iter().map(|p| p.trim_end_matches('*')).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["device-ring", "host-ring", "one-shot"], "{out}");
+        assert_eq!(
+            plans.iter().filter(|p| p.ends_with('*')).count(),
+            1,
+            "{out}"
+        );
+    }
+    let o = bench(&[
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--placement",
+        "per-rank",
+        "--plan",
+        "one-shot",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        rows(&out)
+            .iter()
+            .all(|r| r.last().is_some_and(|p| p == "one-shot")),
+        "{out}"
+    );
+    for bad in [["--plan", "fastest"], ["--placement", "everywhere"]] {
+        let o = bench(&["-b", "4K", "-e", "4K", "--ranks", "2", bad[0], bad[1]]);
+        assert!(!o.status.success(), "{bad:?} was accepted");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(bad[1]), "{bad:?}: {err}");
+    }
+}

@@ -137,8 +137,8 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
                   Environment variables:\n  \
                   WGPU_BACKEND                   wgpu backends to look on (vulkan, metal, dx12, gl)\n  \
                   WGPU_ADAPTER_NAME              only adapters whose name contains it (llvmpipe)\n  \
-                  WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank\n  \
-                  WGPU_COLLECTIVES_PLAN          force a plan: auto, direct, device-ring, host-ring, one-shot,\n  \
+                  WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank (or --placement)\n  \
+                  WGPU_COLLECTIVES_PLAN          force a plan (or --plan): auto, direct, device-ring, host-ring, one-shot,\n  \
                                                  chain, pairwise, star (where the collective offers it)\n  \
                   WGPU_COLLECTIVES_ALGO          all-reduce algorithm: auto, ring, oneshot, direct\n  \
                   WGPU_COLLECTIVES_DEBUG         logs on stderr: info, debug, trace, or a filter\n  \
@@ -211,6 +211,17 @@ pub struct Args {
     /// Use only adapters whose name contains this; default: WGPU_ADAPTER_NAME.
     #[arg(long)]
     pub adapter: Option<String>,
+
+    /// Force a plan (as WGPU_COLLECTIVES_PLAN does), or `all`: a row per
+    /// plan that can run each size, the one the planner chose marked `*`
+    /// (as nccl-tests users sweep NCCL_ALGO).
+    #[arg(long, value_name = "PLAN|all")]
+    pub plan: Option<String>,
+
+    /// Where the ranks run (as WGPU_COLLECTIVES_PLACEMENT): auto, shared
+    /// or per-rank.
+    #[arg(long, value_name = "PLACEMENT")]
+    pub placement: Option<String>,
 
     /// Seconds any collective may wait for its peers.
     #[arg(long, default_value_t = 60)]

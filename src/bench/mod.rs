@@ -86,6 +86,9 @@ pub struct Row {
     /// The plan the timed collectives ran with (rank 0's; every rank's is
     /// the same), out of place.
     pub plan: Option<Plan>,
+    /// Under `--plan all`: whether this row's plan is the one the planner
+    /// chose for the size.
+    pub chosen: bool,
 }
 
 /// How a collective of `bytes` (nccl-tests' size) maps onto tensors.
@@ -291,6 +294,7 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
         out_of_place: halves[0],
         in_place: halves.get(1).copied(),
         plan,
+        chosen: false,
     })
 }
 
@@ -380,6 +384,10 @@ pub fn header(world: &World, a: &Args) -> String {
     let m = world.cost_model();
     let shared = world.placement() == wgpu_collectives::Placement::SharedDevice;
     let algo = match (world.plan(), world.algorithm()) {
+        _ if a.plan.as_deref() == Some("all") => {
+            "every plan that runs each size, forced, one row each; * marks the planner's choice"
+                .to_string()
+        }
         (Some(plan), _) => format!("plan {plan} (forced) where the collective offers it"),
         (None, wgpu_collectives::Algorithm::Auto | wgpu_collectives::Algorithm::Direct) => {
             if shared {
@@ -481,6 +489,10 @@ pub fn line(r: &Row) -> String {
         r.root.map_or(-1, |x| x as i64),
         half(Some(&r.out_of_place)),
         half(r.in_place.as_ref()),
-        r.plan.map_or("?", Plan::name)
+        match (r.plan, r.chosen) {
+            (None, _) => "?".to_string(),
+            (Some(p), false) => p.name().to_string(),
+            (Some(p), true) => format!("{}*", p.name()),
+        }
     )
 }

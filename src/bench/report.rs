@@ -62,6 +62,7 @@ pub fn json(
                 "out_of_place": timing(&r.out_of_place),
                 "in_place": r.in_place.as_ref().map(timing),
                 "plan": r.plan.map(|p| p.name()),
+                "chosen": r.chosen,
             })
         })
         .collect();
