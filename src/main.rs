@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use wgpu_collectives::{Placement, Plan, ReduceOp, World, WorldConfig};
+use wgpu_collectives::{Placement, Plan, ReduceOp, WorldConfig};
 
 use bench::args::{self, Args};
 use bench::{ceiling, report};
@@ -83,21 +83,6 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     say("finding adapters, making devices, measuring the cost model ...");
     let world = bench::world(config.clone())?;
-    // Plans that cannot run here at all (the direct kernels between
-    // devices of their own) make no world, and are left out.
-    let forced: Vec<(Plan, World)> = if sweep {
-        say("making a world per plan ...");
-        Plan::ALL
-            .iter()
-            .filter_map(|&p| {
-                bench::world(config.clone().with_plan(Some(p)))
-                    .ok()
-                    .map(|w| (p, w))
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     // Under mpirun every process measures; the one holding rank 0 prints.
     let lead = world.local_ranks().start == 0;
     let say = |what: &str| {
@@ -156,39 +141,58 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             );
             let _ = std::io::stderr().flush();
         }
+        let row = if sweep {
+            // The planner's choice for this size: one untimed, unchecked call.
+            let probe = Args {
+                iters: 1,
+                warmup: 0,
+                check: 0,
+                ..with_root(root)
+            };
+            bench::row(&world, &probe, dtype, op, bytes)?
+        } else {
+            bench::row(&world, &with_root(root), dtype, op, bytes)?
+        };
+        if progress && lead {
+            eprint!("\r\x1b[K");
+        }
         if !sweep {
-            let row = bench::row(&world, &with_root(root), dtype, op, bytes)?;
-            if progress && lead {
-                eprint!("\r\x1b[K");
+            out!("{}", bench::line(&row));
+        }
+        rows.push(row);
+    }
+    if sweep {
+        // A world per plan, one at a time (each holds its buffers), every
+        // size under each plan that the collective offers and that can run
+        // it; plans that cannot run here at all (the direct kernels between
+        // devices of their own) make no world.
+        let chosen: Vec<Option<Plan>> = rows.drain(..).map(|r| r.plan).collect();
+        let mut by_job: Vec<Vec<bench::Row>> = jobs.iter().map(|_| Vec::new()).collect();
+        for plan in Plan::ALL {
+            say(&format!("measuring under the plan {plan} ..."));
+            let Ok(w) = bench::world(config.clone().with_plan(Some(plan))) else {
+                continue;
+            };
+            for (j, &(bytes, dtype, op, root)) in jobs.iter().enumerate() {
+                match bench::row(&w, &with_root(root), dtype, op, bytes) {
+                    // A plan the collective does not offer runs another: left out.
+                    Ok(row) if row.plan != Some(plan) => {}
+                    Ok(mut row) => {
+                        row.chosen = chosen.get(j).copied().flatten() == Some(plan);
+                        if let Some(rows) = by_job.get_mut(j) {
+                            rows.push(row);
+                        }
+                    }
+                    // A plan that cannot run this size (refused with the reason).
+                    Err(wgpu_collectives::Error::InvalidArgument { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
+        }
+        say("");
+        for row in by_job.into_iter().flatten() {
             out!("{}", bench::line(&row));
             rows.push(row);
-            continue;
-        }
-        // The planner's choice for this size: one untimed, unchecked call.
-        let probe = Args {
-            iters: 1,
-            warmup: 0,
-            check: 0,
-            ..with_root(root)
-        };
-        let chosen = bench::row(&world, &probe, dtype, op, bytes)?.plan;
-        for (plan, w) in &forced {
-            match bench::row(w, &with_root(root), dtype, op, bytes) {
-                // A plan the collective does not offer runs another: left out.
-                Ok(row) if row.plan != Some(*plan) => {}
-                Ok(mut row) => {
-                    row.chosen = chosen == Some(*plan);
-                    if progress && lead {
-                        eprint!("\r\x1b[K");
-                    }
-                    out!("{}", bench::line(&row));
-                    rows.push(row);
-                }
-                // A plan that cannot run this size (refused with the reason).
-                Err(wgpu_collectives::Error::InvalidArgument { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
         }
     }
 
