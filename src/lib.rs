@@ -93,6 +93,7 @@ pub use wgpu;
 pub use api::comm::Communicator;
 pub use api::group::Group;
 pub use api::placement::Placement;
+pub use api::tune::Tune;
 pub use api::work::Work;
 pub use api::world::{MAX_RANKS, World, WorldConfig};
 pub use device::kernels::{reduction_wgsl, reduction_workgroups};

@@ -186,7 +186,7 @@ impl Communicator {
         let counters = Arc::new(Counters::default());
         let thread = Progress {
             counters: counters.clone(),
-            tuning,
+            tuning: tuning.clone(),
             stamps: None,
             rank,
             size,
@@ -1013,7 +1013,7 @@ impl Communicator {
             },
             joined.health,
             inner.timeout,
-            inner.tuning,
+            inner.tuning.clone(),
         )
         .map(Some)
     }

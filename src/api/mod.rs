@@ -5,6 +5,7 @@ pub(crate) mod bootstrap;
 pub(crate) mod comm;
 pub(crate) mod group;
 pub(crate) mod placement;
+pub(crate) mod tune;
 pub(crate) mod work;
 pub(crate) mod world;
 #[cfg(feature = "mpi")]

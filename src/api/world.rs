@@ -5,6 +5,7 @@
 //! adapter), and they talk only through the transport's links, as ranks in
 //! separate processes would.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
 use crate::api::placement::Placement;
+use crate::api::tune::Tune;
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result, panic_message};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
@@ -42,6 +44,8 @@ pub struct WorldConfig {
     flight_depth: Option<usize>,
     flight_dump: Option<std::path::PathBuf>,
     placement: Option<Placement>,
+    tune: Option<Tune>,
+    tune_cache: Option<PathBuf>,
 }
 
 impl WorldConfig {
@@ -69,6 +73,8 @@ impl WorldConfig {
             flight_depth: None,
             flight_dump: None,
             placement: None,
+            tune: None,
+            tune_cache: None,
         }
     }
 
@@ -187,6 +193,51 @@ impl WorldConfig {
         self
     }
 
+    /// Whether the world times its plans on its devices when it is made,
+    /// and the planner chooses from what it measured (see [`Tune`];
+    /// default: the `WGPU_COLLECTIVES_TUNE` environment variable, `off`,
+    /// `cached` or `measure`, else [`Tune::Off`]). A forced plan or
+    /// algorithm tunes nothing.
+    pub fn with_tune(mut self, tune: Tune) -> Self {
+        self.tune = Some(tune);
+        self
+    }
+
+    /// The folder tuning tables are cached in (default: the
+    /// `WGPU_COLLECTIVES_TUNE_CACHE` environment variable, else
+    /// `$XDG_CACHE_HOME/wgpu-collectives`, else
+    /// `$HOME/.cache/wgpu-collectives`).
+    pub fn with_tune_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.tune_cache = Some(dir.into());
+        self
+    }
+
+    pub(crate) fn tune(&self) -> Result<Tune> {
+        if let Some(t) = self.tune {
+            return Ok(t);
+        }
+        match std::env::var("WGPU_COLLECTIVES_TUNE") {
+            Ok(s) if !s.trim().is_empty() => {
+                Tune::parse(&s).ok_or_else(|| Error::InvalidArgument {
+                    rank: None,
+                    what: format!("WGPU_COLLECTIVES_TUNE={s:?}: off, cached or measure"),
+                })
+            }
+            _ => Ok(Tune::Off),
+        }
+    }
+
+    pub(crate) fn tune_cache(&self) -> Option<PathBuf> {
+        self.tune_cache
+            .clone()
+            .or_else(|| {
+                std::env::var_os("WGPU_COLLECTIVES_TUNE_CACHE")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+            .or_else(crate::api::tune::default_cache)
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks
@@ -250,6 +301,7 @@ impl WorldConfig {
             cost: CostModel::measure(first)?,
             rates: Rates::measure(first)?,
             host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
+            table: None,
         })
     }
 
@@ -414,12 +466,21 @@ impl World {
         config: &WorldConfig,
     ) -> Result<World> {
         // Ranks that share their device meet at a place their links carry.
-        let meets = Self::shares(config, &devices, config.ranks)?;
-        let links = mesh(config.ranks, meets.then_some(shared::place as MakePlace));
-        Self::assemble_on(instance, devices, links, config)
+        let n = config.ranks;
+        let meets = Self::shares(config, &devices, n)?;
+        let first = devices.first().ok_or_else(|| Error::InvalidArgument {
+            rank: None,
+            what: "a world needs at least one rank".into(),
+        })?;
+        // Measured where rank 0 runs: the planner decides from it.
+        let mut tuning = config.tuning(first)?;
+        tuning.table = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+        let links = mesh(n, meets.then_some(shared::place as MakePlace));
+        Self::assemble_with(instance, devices, links, config, (0, n), tuning)
     }
 
-    /// A world whose rank r talks through `links[r]`.
+    /// A world whose rank r talks through `links[r]` (the transport seam's tests).
+    #[cfg(test)]
     fn assemble_on(
         instance: Option<wgpu::Instance>,
         devices: Vec<Arc<RankDevice>>,
@@ -563,7 +624,7 @@ impl World {
                     },
                     health.clone(),
                     config.timeout,
-                    tuning,
+                    tuning.clone(),
                 )
             })
             .collect::<Result<Vec<_>>>()?;

@@ -179,7 +179,7 @@ impl World {
                 process: Some(process),
                 what,
             })?;
-        let tuning = measured.with_figures(&figures).unwrap_or(measured);
+        let tuning = measured.clone().with_figures(&figures).unwrap_or(measured);
 
         let group = split_id(u64::MAX, number, u32::MAX);
         let layout = Layout {

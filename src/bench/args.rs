@@ -140,6 +140,8 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
                   WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank (or --placement)\n  \
                   WGPU_COLLECTIVES_PLAN          force a plan (or --plan): auto, direct, device-ring, host-ring, one-shot,\n  \
                                                  chain, pairwise, star (where the collective offers it)\n  \
+                  WGPU_COLLECTIVES_TUNE          time the plans when the world is made: off, cached, measure\n  \
+                  WGPU_COLLECTIVES_TUNE_CACHE    where tuning tables are cached (~/.cache/wgpu-collectives)\n  \
                   WGPU_COLLECTIVES_ALGO          all-reduce algorithm: auto, ring, oneshot, direct\n  \
                   WGPU_COLLECTIVES_DEBUG         logs on stderr: info, debug, trace, or a filter\n  \
                   RUST_LOG                       the same, when WGPU_COLLECTIVES_DEBUG is unset\n  \

@@ -19,5 +19,6 @@ pub(crate) mod profile;
 pub(crate) mod progress;
 pub(crate) mod shared;
 pub(crate) mod split;
+pub(crate) mod tune;
 pub(crate) mod waiter;
 pub(crate) mod work_state;

@@ -7,15 +7,17 @@
 //! and one that cannot run here is refused with the reason, never
 //! silently replaced.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::runtime::collectives::Collective;
 use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
 use crate::runtime::plan::Plan;
+use crate::runtime::tune::Table;
 
 /// What the planner chooses from: what the user
 /// forced, and figures measured on rank 0's device that every rank shares.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Tuning {
     pub algorithm: Algorithm,
     /// A plan forced by the user, for the collectives that offer it.
@@ -25,6 +27,9 @@ pub(crate) struct Tuning {
     /// Whether the ring between ranks of their own devices folds on the
     /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
     pub host_fold: bool,
+    /// What timing the plans on the world's devices found (`tune.rs`),
+    /// when the world was tuned: it chooses where it has the kind.
+    pub table: Option<Arc<Table>>,
 }
 
 impl Tuning {
@@ -129,6 +134,21 @@ pub(crate) fn choose(
     } else {
         Plan::DeviceRing
     };
+    let direct_ok = matches!(direct, Some(Ok(())));
+    // Measured: the plan timed fastest at this size, among those that
+    // can run here.
+    if let (Some(table), Algorithm::Auto) = (&tuning.table, tuning.algorithm) {
+        let bytes = what
+            .unit()
+            .compared()
+            .len
+            .zip(what.dtype())
+            .and_then(|(len, dtype)| len.checked_mul(dtype.size()));
+        let allowed = |p: Plan| offers.contains(&p) && (p != Plan::Direct || direct_ok);
+        if let Some(p) = bytes.and_then(|b| table.choose(kind, b, allowed)) {
+            return Ok(p);
+        }
+    }
     // A collective whose plans the cost model prices: today's all-reduce.
     if let Some(bytes) = what.unit().priced() {
         match tuning.algorithm {
@@ -136,7 +156,7 @@ pub(crate) fn choose(
             Algorithm::OneShot => return Ok(Plan::OneShot),
             _ => {}
         }
-        if matches!(direct, Some(Ok(()))) {
+        if direct_ok {
             return Ok(Plan::Direct);
         }
         let price = |p| tuning.price(p, n, bytes).unwrap_or(Duration::MAX);

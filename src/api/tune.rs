@@ -1,0 +1,286 @@
+//! Tuning a world by timing its plans on its own devices, and the cache
+//! that spares the next world on the same machine the measurement.
+//!
+//! When a world is made (`WGPU_COLLECTIVES_TUNE=measure` or `cached`, or
+//! [`WorldConfig::with_tune`]), every plan that can run there times
+//! all_reduce, reduce_scatter, all_gather and broadcast at a few sizes on
+//! the world's own devices, through a world of its own over the same
+//! devices and links of the same kind, and the planner then chooses from
+//! the fitted lines (`runtime/tune.rs`). The table is cached in a file
+//! named by a hash of its key (adapter, driver, backend, ranks,
+//! placement, crate version), written to a temporary file and renamed, so
+//! that two processes writing at once leave a whole file; one that does
+//! not parse, or was measured under another key, is measured again and
+//! rewritten. A forced plan or algorithm tunes nothing: it wins anyway.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::api::world::{World, WorldConfig};
+use crate::device::RankDevice;
+use crate::device::tensor::DType;
+use crate::error::{Error, Result};
+use crate::op::ReduceOp;
+use crate::runtime::cost::Algorithm;
+use crate::runtime::fingerprint::Kind;
+use crate::runtime::plan::Plan;
+use crate::runtime::planner::Tuning;
+use crate::runtime::shared;
+use crate::runtime::tune::{Entry, Line, Table};
+use crate::transport::MakePlace;
+use crate::transport::local::mesh;
+
+/// Whether a world times its plans (`WGPU_COLLECTIVES_TUNE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Tune {
+    /// The planner's rules and cost model decide (the default, until
+    /// tuning has been measured against every plan on enough machines).
+    #[default]
+    Off,
+    /// The cached table when there is one for this machine and world,
+    /// else measure and cache.
+    Cached,
+    /// Measure, and cache what was measured.
+    Measure,
+}
+
+impl Tune {
+    /// `off`, `cached` or `measure`.
+    pub fn parse(s: &str) -> Option<Tune> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(Tune::Off),
+            "cached" => Some(Tune::Cached),
+            "measure" => Some(Tune::Measure),
+            _ => None,
+        }
+    }
+}
+
+/// The collectives timed, and the sizes (bytes per rank).
+const KINDS: [Kind; 4] = [
+    Kind::AllReduce,
+    Kind::ReduceScatter,
+    Kind::AllGather,
+    Kind::Broadcast,
+];
+const SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
+
+/// Past this much time spent measuring, no larger size is timed.
+const BUDGET: Duration = Duration::from_secs(2);
+
+/// The tuning table for a world of `devices` (meeting on one device when
+/// `meets`), as `config` asks: `None` when it tunes nothing.
+pub(crate) fn table_for(
+    config: &WorldConfig,
+    devices: &[Arc<RankDevice>],
+    meets: bool,
+    tuning: &Tuning,
+) -> Result<Option<Arc<Table>>> {
+    let mode = config.tune()?;
+    let n = devices.len();
+    if mode == Tune::Off || n < 2 || tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
+        return Ok(None);
+    }
+    let Some(first) = devices.first() else {
+        return Ok(None);
+    };
+    let key = key(first, n, meets);
+    let path = config.tune_cache().map(|dir| dir.join(file_name(&key)));
+    if let (Tune::Cached, Some(path)) = (mode, &path) {
+        match std::fs::read_to_string(path) {
+            Ok(text) => match Table::from_text(&text, &key) {
+                Ok(table) => {
+                    tracing::info!(path = %path.display(), "world: tuning table from the cache");
+                    return Ok(Some(Arc::new(table)));
+                }
+                Err(why) => tracing::warn!(
+                    path = %path.display(),
+                    why,
+                    "world: ignoring the cached tuning table; measuring again"
+                ),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "world: reading the tuning cache")
+            }
+        }
+    }
+    let start = Instant::now();
+    let table = measure(config, devices, meets, tuning)?;
+    tracing::info!(
+        ms = start.elapsed().as_secs_f64() * 1e3,
+        entries = table.entries.len(),
+        "world: plans timed on its devices"
+    );
+    if let Some(path) = &path {
+        if let Err(e) = store(path, &table.to_text(&key)) {
+            tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
+        }
+    }
+    Ok(Some(Arc::new(table)))
+}
+
+/// What a table is measured under, on one line.
+fn key(first: &RankDevice, n: usize, meets: bool) -> String {
+    let i = &first.info;
+    format!(
+        "{} | {} {} | {:?} | {n} ranks | {} | {}",
+        i.name,
+        i.driver,
+        i.driver_info,
+        i.backend,
+        if meets { "shared" } else { "per-rank" },
+        env!("CARGO_PKG_VERSION")
+    )
+    .replace(['\n', '\r'], " ")
+}
+
+/// The cache file's name for `key`.
+fn file_name(key: &str) -> String {
+    format!(
+        "{:016x}.tune",
+        crate::hash::fnv1a(key.bytes().map(u64::from))
+    )
+}
+
+/// Writes `text` to `path` whole: into a temporary file beside it, then
+/// renamed over it.
+fn store(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(
+        ".{}.{}.{nanos}.tmp",
+        path.file_name().and_then(|f| f.to_str()).unwrap_or("tune"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// The default cache folder: `$XDG_CACHE_HOME/wgpu-collectives`, else
+/// `$HOME/.cache/wgpu-collectives`.
+pub(crate) fn default_cache() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("wgpu-collectives"))
+}
+
+/// Times every plan that can run on `devices`, each through a world of
+/// its own with that plan forced.
+fn measure(
+    config: &WorldConfig,
+    devices: &[Arc<RankDevice>],
+    meets: bool,
+    tuning: &Tuning,
+) -> Result<Table> {
+    let n = devices.len();
+    let start = Instant::now();
+    let mut entries = Vec::new();
+    for plan in Plan::ALL {
+        if plan == Plan::Direct && !meets {
+            continue;
+        }
+        let forced = Tuning {
+            plan: Some(plan),
+            table: None,
+            ..tuning.clone()
+        };
+        let links = mesh(n, meets.then_some(shared::place as MakePlace));
+        let config = config.clone().with_plan(Some(plan));
+        let w = World::assemble_with(None, devices.to_vec(), links, &config, (0, n), forced)?;
+        // Every kind once first: its kernels compile on first use, which
+        // would count as part of its smallest size's time.
+        for kind in KINDS {
+            time(&w, kind, SIZES[0], plan, 1)?;
+        }
+        for kind in KINDS {
+            let mut points = Vec::new();
+            for bytes in SIZES {
+                // A large size only while the budget lasts, and only
+                // where the last size took little (it would take 16x).
+                let last = points.last().map_or(0.0, |p: &(f64, f64)| p.1);
+                if bytes > 1 << 20 && (start.elapsed() > BUDGET || last > 0.02) {
+                    break;
+                }
+                // Enough calls that a small size is not one scheduler
+                // hiccup, few enough at the large ones to fit the budget.
+                let iters = match bytes {
+                    b if b <= 64 << 10 => 9,
+                    b if b <= 1 << 20 => 5,
+                    _ => 2,
+                };
+                match time(&w, kind, bytes, plan, iters)? {
+                    Some(secs) => points.push((bytes as f64, secs)),
+                    // Not offered, or not at this size.
+                    None => break,
+                }
+            }
+            if let Some(line) = Line::fit(&points) {
+                entries.push(Entry { kind, plan, line });
+            }
+        }
+    }
+    Ok(Table { entries })
+}
+
+/// Seconds one `kind` of `bytes` per rank takes on `w` (the slowest
+/// rank's median of `iters` calls, after one untimed), when it runs with
+/// `plan`; `None` when it runs another (the kind does not offer it) or
+/// cannot run this size with it.
+fn time(w: &World, kind: Kind, bytes: usize, plan: Plan, iters: usize) -> Result<Option<f64>> {
+    let n = w.size();
+    let len = (bytes / 4).max(1).next_multiple_of(n);
+    let per_rank = w.run(|c| -> Result<Option<f64>> {
+        let x = c.zeros(DType::F32, len)?;
+        let once = || -> Result<()> {
+            let work = match kind {
+                Kind::AllReduce => c.all_reduce_in_place(&x, ReduceOp::Sum)?,
+                Kind::ReduceScatter => c.reduce_scatter(&x, ReduceOp::Sum)?,
+                Kind::AllGather => c.all_gather(&x)?,
+                _ => c.broadcast_in_place(&x, 0)?,
+            };
+            work.wait().map(|_| ())
+        };
+        once()?;
+        let ran = c
+            .flight_record()
+            .ranks
+            .get(c.rank())
+            .and_then(|r| r.last())
+            .and_then(|e| e.plan);
+        if ran != Some(plan) {
+            return Ok(None);
+        }
+        let _ = c.barrier()?.wait()?;
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            once()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times.get(times.len() / 2).copied())
+    })?;
+    let mut slowest: f64 = 0.0;
+    for r in per_rank {
+        match r {
+            Ok(Some(secs)) => slowest = slowest.max(secs),
+            Ok(None) | Err(Error::InvalidArgument { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(slowest))
+}

@@ -1,0 +1,168 @@
+//! Tuning by measurement: a tuned world chooses from what it timed on its
+//! own devices, gives the reference's results with one plan on every
+//! rank, caches its table, takes a cached table without measuring, and
+//! measures again over a cache file that is corrupt or another world's.
+
+use std::path::{Path, PathBuf};
+
+use wgpu_collectives::{Error, Placement, Plan, ReduceOp, Tune, World, WorldConfig};
+
+/// An empty cache folder of this test's own.
+fn cache(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "wgpu-collectives-tune-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a cache folder");
+    dir
+}
+
+fn config(dir: &Path, tune: Tune) -> WorldConfig {
+    WorldConfig::new(2)
+        .with_placement(Placement::DevicePerRank)
+        .with_tune(tune)
+        .with_tune_cache(dir)
+}
+
+/// The cache's files, by name.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the cache folder")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// One all_reduce's sum and the plan it ran with, on one rank.
+type Ran = (Vec<f32>, Option<Plan>);
+
+/// Every rank's all_reduce of 1, 1000 and 300000 elements: the sums, and
+/// the plan each rank ran.
+fn sums(w: &World) -> Vec<Vec<Ran>> {
+    w.run(|c| -> Result<Vec<Ran>, Error> {
+        let mut out = Vec::new();
+        for len in [1, 1000, 300_000] {
+            let x = c.tensor(&vec![c.rank() as f32 + 1.0; len])?;
+            let sum = c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()?;
+            let plan = c.flight_record().ranks[c.rank()]
+                .last()
+                .and_then(|e| e.plan);
+            out.push((sum, plan));
+        }
+        Ok(out)
+    })
+    .expect("run")
+    .into_iter()
+    .map(|r| r.expect("rank"))
+    .collect()
+}
+
+#[test]
+fn a_tuned_world_gives_the_reference_with_one_plan_on_every_rank() {
+    let dir = cache("reference");
+    let w = World::new(config(&dir, Tune::Measure)).expect("a tuned world");
+    let got = sums(&w);
+    for (i, len) in [1usize, 1000, 300_000].into_iter().enumerate() {
+        for rank in &got {
+            assert_eq!(rank[i].0, vec![3.0; len], "len {len}");
+            assert!(rank[i].1.is_some(), "len {len}: no plan recorded");
+            assert_eq!(
+                rank[i].1, got[0][i].1,
+                "len {len}: ranks ran different plans"
+            );
+        }
+    }
+    let f = files(&dir);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let text = std::fs::read_to_string(&f[0]).expect("the table");
+    assert!(
+        text.starts_with("wgpu-collectives tuning 1\nkey "),
+        "{text}"
+    );
+    assert!(text.contains("all_reduce host-ring"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cached_table_is_taken_and_a_corrupt_or_foreign_one_measured_again() {
+    let dir = cache("cached");
+    drop(World::new(config(&dir, Tune::Cached)).expect("the first world measures"));
+    let f = files(&dir);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let path = &f[0];
+    let good = std::fs::read_to_string(path).expect("the table");
+    let modified = || {
+        std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .expect("mtime")
+    };
+    // A world made again measures nothing: the file stays as it was.
+    let before = modified();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let w = World::new(config(&dir, Tune::Cached)).expect("the second world");
+    assert_eq!(modified(), before, "the cached table was measured again");
+    assert_eq!(sums(&w)[1][2].0, vec![3.0; 300_000]);
+    drop(w);
+    // Corrupt, truncated, or another world's: ignored, measured, rewritten.
+    let foreign = good.replacen("2 ranks", "3 ranks", 1);
+    assert_ne!(foreign, good);
+    for junk in [
+        "not a table".to_string(),
+        good[..good.len() / 2].to_string(),
+        foreign,
+    ] {
+        std::fs::write(path, &junk).expect("spoil the cache");
+        let w = World::new(config(&dir, Tune::Cached)).expect("a world over a spoiled cache");
+        assert_eq!(sums(&w)[0][1].0, vec![3.0; 1000]);
+        drop(w);
+        let now = std::fs::read_to_string(path).expect("the table");
+        assert!(
+            now.starts_with("wgpu-collectives tuning 1\n"),
+            "not rewritten: {now:?}"
+        );
+        assert!(now.contains("2 ranks"), "{now}");
+        assert_eq!(files(&dir).len(), 1, "a temporary file was left behind");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_worlds_tuning_at_once_on_one_cache_folder_both_start() {
+    let dir = cache("together");
+    std::thread::scope(|s| {
+        let a = s.spawn(|| World::new(config(&dir, Tune::Cached)).map(|w| sums(&w)));
+        let b = s.spawn(|| World::new(config(&dir, Tune::Cached)).map(|w| sums(&w)));
+        for h in [a, b] {
+            let got = h.join().expect("no panic").expect("a world");
+            assert_eq!(got[0][2].0, vec![3.0; 300_000]);
+        }
+    });
+    let f = files(&dir);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let text = std::fs::read_to_string(&f[0]).expect("the table");
+    assert!(text.starts_with("wgpu-collectives tuning 1\n"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_forced_plan_wins_and_tunes_nothing() {
+    let dir = cache("forced");
+    let w = World::new(config(&dir, Tune::Measure).with_plan(Some(Plan::OneShot))).expect("world");
+    for rank in sums(&w) {
+        for (sum, plan) in rank {
+            assert_eq!(plan, Some(Plan::OneShot));
+            assert!(sum.iter().all(|&v| v == 3.0));
+        }
+    }
+    assert!(
+        files(&dir).is_empty(),
+        "a forced plan measured: {:?}",
+        files(&dir)
+    );
+    let z = World::new(config(&dir, Tune::Off)).expect("world");
+    drop(z);
+    assert!(files(&dir).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
