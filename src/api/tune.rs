@@ -22,6 +22,11 @@ use crate::device::RankDevice;
 use crate::device::tensor::DType;
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
+use crate::runtime::collectives::Collective;
+use crate::runtime::collectives::all_gather::AllGather;
+use crate::runtime::collectives::all_reduce::AllReduce;
+use crate::runtime::collectives::broadcast::Broadcast;
+use crate::runtime::collectives::reduce_scatter::ReduceScatter;
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
@@ -65,10 +70,27 @@ const KINDS: [Kind; 4] = [
     Kind::AllGather,
     Kind::Broadcast,
 ];
+
+/// The plans `kind` offers, as its unit says.
+fn offers(kind: Kind) -> &'static [Plan] {
+    let (dtype, len, op) = (DType::F32, 0, ReduceOp::Sum);
+    let unit: Collective = match kind {
+        Kind::AllReduce => AllReduce { dtype, len, op }.into(),
+        Kind::ReduceScatter => ReduceScatter { dtype, len, op }.into(),
+        Kind::AllGather => AllGather { dtype, len }.into(),
+        _ => Broadcast {
+            dtype,
+            len,
+            root: 0,
+        }
+        .into(),
+    };
+    unit.plans()
+}
 const SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
 
-/// Past this much time spent measuring, no larger size is timed.
-const BUDGET: Duration = Duration::from_secs(2);
+/// Past this much time spent measuring, no size above 1 MiB is timed.
+const BUDGET: Duration = Duration::from_millis(1200);
 
 /// The tuning table for a world of `devices` (meeting on one device when
 /// `meets`), as `config` asks: `None` when it tunes nothing.
@@ -190,7 +212,11 @@ fn measure(
     let start = Instant::now();
     let mut entries = Vec::new();
     for plan in Plan::ALL {
-        if plan == Plan::Direct && !meets {
+        let kinds: Vec<Kind> = KINDS
+            .into_iter()
+            .filter(|&k| offers(k).contains(&plan))
+            .collect();
+        if kinds.is_empty() || (plan == Plan::Direct && !meets) {
             continue;
         }
         let forced = Tuning {
@@ -203,10 +229,10 @@ fn measure(
         let w = World::assemble_with(None, devices.to_vec(), links, &config, (0, n), forced)?;
         // Every kind once first: its kernels compile on first use, which
         // would count as part of its smallest size's time.
-        for kind in KINDS {
+        for &kind in &kinds {
             time(&w, kind, SIZES[0], plan, 1)?;
         }
-        for kind in KINDS {
+        for kind in kinds {
             let mut points = Vec::new();
             for bytes in SIZES {
                 // A large size only while the budget lasts, and only
