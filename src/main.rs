@@ -27,6 +27,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if argv.get(1).map(String::as_str) == Some("tune") {
+        return match bench::tune::run(&argv[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let a = Args::parse();
     match run(&a) {
         Ok(code) => code,

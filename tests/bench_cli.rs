@@ -544,3 +544,51 @@ fn plan_all_rows_every_plan_and_marks_the_choice() {
         assert!(err.contains(bad[1]), "{bad:?}: {err}");
     }
 }
+
+/// `tune` times the plans into the cache folder it is given, prints the
+/// table and where it is, and a second run prints the same table, read
+/// from that file.
+#[test]
+fn tune_prints_the_table_and_its_cache_file() {
+    let dir = temp("tune-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    let tune = || {
+        Command::new(env!("CARGO_BIN_EXE_wgpu-collectives"))
+            .args(["tune", "--ranks", "2", "--placement", "per-rank"])
+            .env("WGPU_COLLECTIVES_TUNE_CACHE", &dir)
+            .output()
+            .expect("the benchmark binary runs")
+    };
+    let first = tune();
+    let out = stdout(&first);
+    assert!(
+        first.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let path = out
+        .lines()
+        .find_map(|l| l.split("cached at ").nth(1))
+        .unwrap_or_else(|| panic!("no cache file named: {out}"));
+    assert!(path.starts_with(dir.to_str().expect("a path")), "{out}");
+    let file = std::fs::read_to_string(path).expect("the cache file");
+    assert!(file.starts_with("wgpu-collectives tuning 1\n"), "{file}");
+    assert!(
+        out.contains(&file),
+        "the printed table is not the file's:\n{out}\n{file}"
+    );
+    for plan in ["device-ring", "host-ring", "one-shot", "chain"] {
+        assert!(file.contains(plan), "{plan} was not timed: {file}");
+    }
+    assert!(
+        !file.contains("direct"),
+        "the direct kernels between devices: {file}"
+    );
+    let second = tune();
+    assert_eq!(
+        stdout(&second),
+        out,
+        "the second run did not read the same table"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -92,6 +92,15 @@ const SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
 /// Past this much time spent measuring, no size above 1 MiB is timed.
 const BUDGET: Duration = Duration::from_millis(1200);
 
+/// A world's tuning: the table, its text (as the cache holds it) and
+/// the cache file it was read from or written to.
+#[derive(Debug, Clone)]
+pub(crate) struct Tuned {
+    pub table: Arc<Table>,
+    pub text: String,
+    pub path: Option<PathBuf>,
+}
+
 /// The tuning table for a world of `devices` (meeting on one device when
 /// `meets`), as `config` asks: `None` when it tunes nothing.
 pub(crate) fn table_for(
@@ -99,7 +108,7 @@ pub(crate) fn table_for(
     devices: &[Arc<RankDevice>],
     meets: bool,
     tuning: &Tuning,
-) -> Result<Option<Arc<Table>>> {
+) -> Result<Option<Tuned>> {
     let mode = config.tune()?;
     let n = devices.len();
     if mode == Tune::Off || n < 2 || tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
@@ -115,7 +124,11 @@ pub(crate) fn table_for(
             Ok(text) => match Table::from_text(&text, &key) {
                 Ok(table) => {
                     tracing::info!(path = %path.display(), "world: tuning table from the cache");
-                    return Ok(Some(Arc::new(table)));
+                    return Ok(Some(Tuned {
+                        table: Arc::new(table),
+                        text,
+                        path: Some(path.clone()),
+                    }));
                 }
                 Err(why) => tracing::warn!(
                     path = %path.display(),
@@ -136,12 +149,19 @@ pub(crate) fn table_for(
         entries = table.entries.len(),
         "world: plans timed on its devices"
     );
-    if let Some(path) = &path {
-        if let Err(e) = store(path, &table.to_text(&key)) {
+    let text = table.to_text(&key);
+    let path = path.filter(|path| match store(path, &text) {
+        Ok(()) => true,
+        Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
+            false
         }
-    }
-    Ok(Some(Arc::new(table)))
+    });
+    Ok(Some(Tuned {
+        table: Arc::new(table),
+        text,
+        path,
+    }))
 }
 
 /// What a table is measured under, on one line.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
 use crate::api::placement::Placement;
-use crate::api::tune::Tune;
+use crate::api::tune::{Tune, Tuned};
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result, panic_message};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
@@ -327,6 +327,8 @@ pub struct World {
     adapters: Vec<wgpu::AdapterInfo>,
     pub(crate) health: Arc<Health>,
     tuning: Tuning,
+    /// What tuning measured or read, when the world was tuned.
+    tuned: Option<Tuned>,
     /// Set while a `run` is in progress (see [`World::run`]).
     running: AtomicBool,
     /// The placement in force: `SharedDevice` when every rank shares one
@@ -474,9 +476,12 @@ impl World {
         })?;
         // Measured where rank 0 runs: the planner decides from it.
         let mut tuning = config.tuning(first)?;
-        tuning.table = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+        let tuned = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+        tuning.table = tuned.as_ref().map(|t| t.table.clone());
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
-        Self::assemble_with(instance, devices, links, config, (0, n), tuning)
+        let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
+        world.tuned = tuned;
+        Ok(world)
     }
 
     /// A world whose rank r talks through `links[r]` (the transport seam's tests).
@@ -637,6 +642,7 @@ impl World {
             adapters: infos,
             health,
             tuning,
+            tuned: None,
             running: AtomicBool::new(false),
             #[cfg(feature = "mpi")]
             hub: None,
@@ -701,6 +707,18 @@ impl World {
     /// [`Work::plan`](crate::Work::plan) says what it chose).
     pub fn plan(&self) -> Option<Plan> {
         self.tuning.plan
+    }
+
+    /// The tuning table the planner chooses from, as its cache file holds
+    /// it (each timed kind and plan, with its fixed and per-byte cost in
+    /// seconds), when the world was tuned ([`WorldConfig::with_tune`]).
+    pub fn tuning_table(&self) -> Option<&str> {
+        self.tuned.as_ref().map(|t| t.text.as_str())
+    }
+
+    /// The file the tuning table was read from or cached in, if any.
+    pub fn tuning_cache(&self) -> Option<&std::path::Path> {
+        self.tuned.as_ref().and_then(|t| t.path.as_deref())
     }
 
     /// The cost model measured on rank 0's adapter when the world was made.

@@ -133,7 +133,9 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
     version,
     about,
     after_help = "Subcommands:\n  ddp    data-parallel MLP training on the graph layer, eager against \
-                  overlapped schedules (`wgpu-collectives ddp --help` for its options)\n\n\
+                  overlapped schedules (`wgpu-collectives ddp --help` for its options)\n  \
+                  tune   time every plan on this machine (or read the cached table) and print the \
+                  tuning table (`wgpu-collectives tune --help`)\n\n\
                   Environment variables:\n  \
                   WGPU_BACKEND                   wgpu backends to look on (vulkan, metal, dx12, gl)\n  \
                   WGPU_ADAPTER_NAME              only adapters whose name contains it (llvmpipe)\n  \

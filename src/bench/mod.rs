@@ -13,6 +13,7 @@ mod data;
 pub mod ddp;
 pub mod ddp_train;
 pub mod report;
+pub mod tune;
 
 use std::time::Instant;
 
