@@ -166,3 +166,92 @@ fn a_forced_plan_wins_and_tunes_nothing() {
     assert!(files(&dir).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The all-reduce time a cached table's best plan predicts at each of
+/// `sizes`, summed: the test's own reading of the file.
+fn best_total(text: &str, sizes: &[f64]) -> f64 {
+    let lines: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                ["all_reduce", _, fixed, per_byte] => {
+                    Some((fixed.parse().ok()?, per_byte.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    assert!(!lines.is_empty(), "no all_reduce line: {text}");
+    sizes
+        .iter()
+        .map(|&b| {
+            lines
+                .iter()
+                .map(|(f, p)| f + p * b)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .sum()
+}
+
+/// Ranks that share an adapter, left to the engine: both placements are
+/// timed (both tables cached) and the world runs on the one whose best
+/// all-reduce takes less over the sizes it expects, as its tables say.
+#[test]
+fn an_auto_placement_is_chosen_by_timing_both() {
+    for (lo, hi) in [(1usize << 20, 64usize << 20), (4 << 10, 4 << 10)] {
+        let dir = cache(&format!("placement-{lo}"));
+        let w = World::new(
+            WorldConfig::new(2)
+                .with_placement(Placement::Auto)
+                .with_tune(Tune::Cached)
+                .with_tune_cache(&dir)
+                .with_expected_bytes(lo, hi),
+        )
+        .expect("a world");
+        let got = sums(&w);
+        assert_eq!(got[1][2].0, vec![3.0; 300_000]);
+        let tables: Vec<String> = files(&dir)
+            .iter()
+            .map(|f| std::fs::read_to_string(f).expect("a table"))
+            .collect();
+        assert_eq!(tables.len(), 2, "one table per placement: {tables:?}");
+        let table = |which: &str| {
+            tables
+                .iter()
+                .find(|t| t.lines().nth(1).is_some_and(|k| k.contains(which)))
+                .unwrap_or_else(|| panic!("no {which} table: {tables:?}"))
+        };
+        let mut sizes = Vec::new();
+        let mut s = lo;
+        while s <= hi {
+            sizes.push(s as f64);
+            s *= 4;
+        }
+        let shared = best_total(table("| shared |"), &sizes);
+        let apart = best_total(table("| per-rank |"), &sizes);
+        let want = if shared <= apart {
+            Placement::SharedDevice
+        } else {
+            Placement::DevicePerRank
+        };
+        assert_eq!(
+            w.placement(),
+            want,
+            "shared {shared} s, per-rank {apart} s over {sizes:?}"
+        );
+        assert_eq!(
+            w.tuning_table(),
+            Some(
+                table(if shared <= apart {
+                    "| shared |"
+                } else {
+                    "| per-rank |"
+                })
+                .as_str()
+            )
+        );
+        drop(w);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

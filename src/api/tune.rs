@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::api::bootstrap::devices_on;
+use crate::api::placement::Placement;
 use crate::api::world::{World, WorldConfig};
 use crate::device::RankDevice;
 use crate::device::tensor::DType;
@@ -164,6 +166,85 @@ pub(crate) fn table_for(
     }))
 }
 
+/// The devices, configuration and tuning a world is made with: when
+/// `config` tunes and leaves the placement to the engine (`Auto`), and
+/// its ranks share an adapter, both placements are timed (a device per
+/// rank made for the second) and the one whose best plans take less over
+/// the expected sizes is kept; otherwise as they came, tuning still to be
+/// done (`None`).
+#[allow(
+    clippy::type_complexity,
+    reason = "the three things a world is assembled from, once"
+)]
+pub(crate) fn placement_for(
+    config: &WorldConfig,
+    adapters: &[wgpu::Adapter],
+    devices: Vec<Arc<RankDevice>>,
+) -> Result<(Vec<Arc<RankDevice>>, WorldConfig, Option<Option<Tuned>>)> {
+    let n = devices.len();
+    let unchanged = (devices.clone(), config.clone(), None);
+    let Some(first) = devices.first() else {
+        return Ok(unchanged);
+    };
+    let together = devices.iter().all(|d| d.same_device(first));
+    if config.placement()? != Placement::Auto || config.tune()? == Tune::Off || n < 2 || !together {
+        return Ok(unchanged);
+    }
+    let tuning = config.tuning(first)?;
+    if tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
+        return Ok(unchanged);
+    }
+    let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
+    let shared_cfg = config.clone().with_placement(Placement::SharedDevice);
+    let apart_cfg = config.clone().with_placement(Placement::DevicePerRank);
+    let on_shared = table_for(&shared_cfg, &devices, true, &tuning)?;
+    let on_apart = table_for(&apart_cfg, &apart, false, &tuning)?;
+    let (lo, hi) = config.expected_bytes();
+    // The best plan's all-reduce at each power of 4 in the expected range.
+    let mut sizes = Vec::new();
+    let mut s = lo.max(1);
+    while s <= hi {
+        sizes.push(s);
+        s = s.saturating_mul(4);
+        if s == usize::MAX {
+            break;
+        }
+    }
+    let best = |t: &Option<Tuned>, bytes: usize| {
+        t.as_ref()
+            .and_then(|t| {
+                t.table
+                    .entries
+                    .iter()
+                    .filter(|e| e.kind == Kind::AllReduce)
+                    .map(|e| e.line.at(bytes))
+                    .min_by(f64::total_cmp)
+            })
+            .unwrap_or(f64::INFINITY)
+    };
+    let shared_total: f64 = sizes.iter().map(|&b| best(&on_shared, b)).sum();
+    let apart_total: f64 = sizes.iter().map(|&b| best(&on_apart, b)).sum();
+    let shared_wins = sizes
+        .iter()
+        .filter(|&&b| best(&on_shared, b) <= best(&on_apart, b))
+        .count();
+    let keep_shared = shared_total <= apart_total;
+    tracing::info!(
+        placement = if keep_shared { "shared" } else { "per-rank" },
+        expected_bytes = ?(lo, hi),
+        shared_ms = shared_total * 1e3,
+        per_rank_ms = apart_total * 1e3,
+        sizes_shared_faster = shared_wins,
+        sizes = sizes.len(),
+        "world: placement chosen by timing both"
+    );
+    Ok(if keep_shared {
+        (devices, shared_cfg, Some(on_shared))
+    } else {
+        (apart, apart_cfg, Some(on_apart))
+    })
+}
+
 /// What a table is measured under, on one line.
 fn key(first: &RankDevice, n: usize, meets: bool) -> String {
     let i = &first.info;
@@ -245,7 +326,8 @@ fn measure(
             ..tuning.clone()
         };
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
-        let config = config.clone().with_plan(Some(plan));
+        let mut config = config.clone().with_plan(Some(plan));
+        config.quiet = true;
         let w = World::assemble_with(None, devices.to_vec(), links, &config, (0, n), forced)?;
         // Every kind once first: its kernels compile on first use, which
         // would count as part of its smallest size's time.

@@ -46,6 +46,9 @@ pub struct WorldConfig {
     placement: Option<Placement>,
     tune: Option<Tune>,
     tune_cache: Option<PathBuf>,
+    expected: Option<(usize, usize)>,
+    /// A world tuning makes to time a plan: it logs nothing of its own.
+    pub(crate) quiet: bool,
 }
 
 impl WorldConfig {
@@ -75,6 +78,8 @@ impl WorldConfig {
             placement: None,
             tune: None,
             tune_cache: None,
+            expected: None,
+            quiet: false,
         }
     }
 
@@ -210,6 +215,19 @@ impl WorldConfig {
     pub fn with_tune_cache(mut self, dir: impl Into<PathBuf>) -> Self {
         self.tune_cache = Some(dir.into());
         self
+    }
+
+    /// The sizes (bytes per rank) the world's collectives will mostly
+    /// move, from `lo` to `hi`: where timing finds each placement faster
+    /// at some of them, a tuning `Auto` placement keeps the one faster
+    /// over these (default: 1 MiB to 64 MiB).
+    pub fn with_expected_bytes(mut self, lo: usize, hi: usize) -> Self {
+        self.expected = Some((lo.min(hi), hi.max(lo)));
+        self
+    }
+
+    pub(crate) fn expected_bytes(&self) -> (usize, usize) {
+        self.expected.unwrap_or((1 << 20, 64 << 20))
     }
 
     pub(crate) fn tune(&self) -> Result<Tune> {
@@ -411,7 +429,11 @@ impl World {
         check(&config)?;
         let (instance, adapters) = find_adapters(&config)?;
         let devices = devices_on(&adapters, 0..config.ranks, config.placement()?, &config)?;
-        Self::assemble(Some(instance), devices, &config)
+        // Ranks that share an adapter, under a tuning Auto placement: both
+        // placements are timed, and the faster kept.
+        let (devices, config, tuned) =
+            crate::api::tune::placement_for(&config, &adapters, devices)?;
+        Self::assemble_tuned(Some(instance), devices, &config, tuned)
     }
 
     /// A world on devices the caller made (a framework such as burn or
@@ -467,6 +489,17 @@ impl World {
         devices: Vec<Arc<RankDevice>>,
         config: &WorldConfig,
     ) -> Result<World> {
+        Self::assemble_tuned(instance, devices, config, None)
+    }
+
+    /// [`assemble`](Self::assemble), with the tuning already measured
+    /// (`Some`) or still to be (`None`).
+    fn assemble_tuned(
+        instance: Option<wgpu::Instance>,
+        devices: Vec<Arc<RankDevice>>,
+        config: &WorldConfig,
+        tuned: Option<Option<Tuned>>,
+    ) -> Result<World> {
         // Ranks that share their device meet at a place their links carry.
         let n = config.ranks;
         let meets = Self::shares(config, &devices, n)?;
@@ -476,7 +509,10 @@ impl World {
         })?;
         // Measured where rank 0 runs: the planner decides from it.
         let mut tuning = config.tuning(first)?;
-        let tuned = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+        let tuned = match tuned {
+            Some(t) => t,
+            None => crate::api::tune::table_for(config, &devices, meets, &tuning)?,
+        };
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
         let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
@@ -553,14 +589,16 @@ impl World {
                 what: "a world needs at least one rank".into(),
             });
         }
-        tracing::info!(
-            ranks = n,
-            algorithm = ?tuning.algorithm,
-            fence_us = tuning.cost.alpha.as_secs_f64() * 1e6,
-            hop_gbps = tuning.cost.beta / 1e9,
-            dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
-            "world: cost model measured on rank 0's device"
-        );
+        if !config.quiet {
+            tracing::info!(
+                ranks = n,
+                algorithm = ?tuning.algorithm,
+                fence_us = tuning.cost.alpha.as_secs_f64() * 1e6,
+                hop_gbps = tuning.cost.beta / 1e9,
+                dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
+                "world: cost model measured on rank 0's device"
+            );
+        }
         let shared = Self::shares(config, &devices, n)?;
         // The group meets where its links say: they carry the place.
         let group = links.first().and_then(|l| shared::meeting_of(&**l));
@@ -591,7 +629,7 @@ impl World {
                 ),
             });
         }
-        for d in &devices {
+        for d in devices.iter().filter(|_| !config.quiet) {
             tracing::info!(
                 rank = d.rank,
                 adapter = %d.info.name,

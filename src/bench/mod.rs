@@ -406,11 +406,29 @@ pub fn header(world: &World, a: &Args) -> String {
         m.beta / 1e9,
         m.dispatch.as_secs_f64() * 1e6
     );
+    // Left to the engine, a tuned world timed both placements.
+    let auto = a.placement.as_deref().is_none_or(|p| p == "auto")
+        && std::env::var("WGPU_COLLECTIVES_PLACEMENT")
+            .map_or(true, |p| p.trim().is_empty() || p.trim() == "auto");
+    let tuned = world.tuning_table().is_some();
     s += &format!(
-        "#  placement: {} (transport: {})\n",
+        "#  placement: {} (transport: {}){}\n",
         world.placement(),
-        world.transport()
+        world.transport(),
+        if tuned && auto {
+            ", the faster of both as timed here"
+        } else {
+            ""
+        }
     );
+    if tuned {
+        s += &format!(
+            "#  tuning: the planner chooses from plans timed on these devices (table: {})\n",
+            world
+                .tuning_cache()
+                .map_or("not cached".to_string(), |p| p.display().to_string())
+        );
+    }
     let (processes, local) = world.processes();
     if processes > 1 {
         s += &format!(
