@@ -119,31 +119,13 @@ pub(crate) fn table_for(
     let Some(first) = devices.first() else {
         return Ok(None);
     };
-    let key = key(first, n, meets);
-    let path = config.tune_cache().map(|dir| dir.join(file_name(&key)));
-    if let (Tune::Cached, Some(path)) = (mode, &path) {
-        match std::fs::read_to_string(path) {
-            Ok(text) => match Table::from_text(&text, &key) {
-                Ok(table) => {
-                    tracing::info!(path = %path.display(), "world: tuning table from the cache");
-                    return Ok(Some(Tuned {
-                        table: Arc::new(table),
-                        text,
-                        path: Some(path.clone()),
-                    }));
-                }
-                Err(why) => tracing::warn!(
-                    path = %path.display(),
-                    why,
-                    "world: ignoring the cached tuning table; measuring again"
-                ),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "world: reading the tuning cache")
-            }
+    if mode == Tune::Cached {
+        if let Some(t) = cached(config, first, n, meets) {
+            return Ok(Some(t));
         }
     }
+    let key = key(first, n, meets);
+    let path = config.tune_cache().map(|dir| dir.join(file_name(&key)));
     let start = Instant::now();
     let table = measure(config, devices, meets, tuning)?;
     tracing::info!(
@@ -194,11 +176,19 @@ pub(crate) fn placement_for(
     if tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
         return Ok(unchanged);
     }
-    let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
     let shared_cfg = config.clone().with_placement(Placement::SharedDevice);
     let apart_cfg = config.clone().with_placement(Placement::DevicePerRank);
     let on_shared = table_for(&shared_cfg, &devices, true, &tuning)?;
-    let on_apart = table_for(&apart_cfg, &apart, false, &tuning)?;
+    // Devices of their own only to be timed, or to be kept: a cached
+    // table for them (the same adapter) needs none.
+    let (mut apart, on_apart) = match (config.tune()?, cached(config, first, n, false)) {
+        (Tune::Cached, Some(t)) => (None, Some(t)),
+        _ => {
+            let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
+            let t = table_for(&apart_cfg, &apart, false, &tuning)?;
+            (Some(apart), t)
+        }
+    };
     let (lo, hi) = config.expected_bytes();
     // The best plan's all-reduce at each power of 4 in the expected range.
     let mut sizes = Vec::new();
@@ -238,11 +228,48 @@ pub(crate) fn placement_for(
         sizes = sizes.len(),
         "world: placement chosen by timing both"
     );
-    Ok(if keep_shared {
-        (devices, shared_cfg, Some(on_shared))
-    } else {
-        (apart, apart_cfg, Some(on_apart))
-    })
+    if keep_shared {
+        return Ok((devices, shared_cfg, Some(on_shared)));
+    }
+    let apart = match apart.take() {
+        Some(a) => a,
+        None => devices_on(adapters, 0..n, Placement::DevicePerRank, config)?,
+    };
+    Ok((apart, apart_cfg, Some(on_apart)))
+}
+
+/// The cached table for `n` ranks on `first`'s adapter (meeting on one
+/// device when `meets`), when there is a good one; a bad one is warned
+/// of (and measured again by the caller).
+fn cached(config: &WorldConfig, first: &RankDevice, n: usize, meets: bool) -> Option<Tuned> {
+    let key = key(first, n, meets);
+    let path = config.tune_cache()?.join(file_name(&key));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match Table::from_text(&text, &key) {
+            Ok(table) => {
+                tracing::info!(path = %path.display(), "world: tuning table from the cache");
+                Some(Tuned {
+                    table: Arc::new(table),
+                    text,
+                    path: Some(path),
+                })
+            }
+            Err(why) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    why,
+                    "world: ignoring the cached tuning table; measuring again"
+                );
+                None
+            }
+        },
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "world: reading the tuning cache");
+            }
+            None
+        }
+    }
 }
 
 /// What a table is measured under, on one line.
