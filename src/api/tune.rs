@@ -148,6 +148,9 @@ pub(crate) fn table_for(
     }))
 }
 
+/// What `placement_for` measured: rank 0's figures and the tuning table.
+pub(crate) type Measured = (Tuning, Option<Tuned>);
+
 /// The devices, configuration and tuning a world is made with: when
 /// `config` tunes and leaves the placement to the engine (`Auto`), and
 /// its ranks share an adapter, both placements are timed (a device per
@@ -162,7 +165,7 @@ pub(crate) fn placement_for(
     config: &WorldConfig,
     adapters: &[wgpu::Adapter],
     devices: Vec<Arc<RankDevice>>,
-) -> Result<(Vec<Arc<RankDevice>>, WorldConfig, Option<Option<Tuned>>)> {
+) -> Result<(Vec<Arc<RankDevice>>, WorldConfig, Option<Measured>)> {
     let n = devices.len();
     let unchanged = (devices.clone(), config.clone(), None);
     let Some(first) = devices.first() else {
@@ -174,7 +177,8 @@ pub(crate) fn placement_for(
     }
     let tuning = config.tuning(first)?;
     if tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
-        return Ok(unchanged);
+        // A forced plan tunes nothing; the figures are measured already.
+        return Ok((devices, config.clone(), Some((tuning, None))));
     }
     let shared_cfg = config.clone().with_placement(Placement::SharedDevice);
     let apart_cfg = config.clone().with_placement(Placement::DevicePerRank);
@@ -229,13 +233,13 @@ pub(crate) fn placement_for(
         "world: placement chosen by timing both"
     );
     if keep_shared {
-        return Ok((devices, shared_cfg, Some(on_shared)));
+        return Ok((devices, shared_cfg, Some((tuning, on_shared))));
     }
     let apart = match apart.take() {
         Some(a) => a,
         None => devices_on(adapters, 0..n, Placement::DevicePerRank, config)?,
     };
-    Ok((apart, apart_cfg, Some(on_apart)))
+    Ok((apart, apart_cfg, Some((tuning, on_apart))))
 }
 
 /// The cached table for `n` ranks on `first`'s adapter (meeting on one

@@ -431,9 +431,9 @@ impl World {
         let devices = devices_on(&adapters, 0..config.ranks, config.placement()?, &config)?;
         // Ranks that share an adapter, under a tuning Auto placement: both
         // placements are timed, and the faster kept.
-        let (devices, config, tuned) =
+        let (devices, config, measured) =
             crate::api::tune::placement_for(&config, &adapters, devices)?;
-        Self::assemble_tuned(Some(instance), devices, &config, tuned)
+        Self::assemble_tuned(Some(instance), devices, &config, measured)
     }
 
     /// A world on devices the caller made (a framework such as burn or
@@ -498,7 +498,7 @@ impl World {
         instance: Option<wgpu::Instance>,
         devices: Vec<Arc<RankDevice>>,
         config: &WorldConfig,
-        tuned: Option<Option<Tuned>>,
+        measured: Option<crate::api::tune::Measured>,
     ) -> Result<World> {
         // Ranks that share their device meet at a place their links carry.
         let n = config.ranks;
@@ -507,11 +507,15 @@ impl World {
             rank: None,
             what: "a world needs at least one rank".into(),
         })?;
-        // Measured where rank 0 runs: the planner decides from it.
-        let mut tuning = config.tuning(first)?;
-        let tuned = match tuned {
-            Some(t) => t,
-            None => crate::api::tune::table_for(config, &devices, meets, &tuning)?,
+        // Measured where rank 0 runs: the planner decides from it (once:
+        // choosing the placement may have measured it already).
+        let (mut tuning, tuned) = match measured {
+            Some(m) => m,
+            None => {
+                let tuning = config.tuning(first)?;
+                let tuned = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+                (tuning, tuned)
+            }
         };
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
