@@ -572,7 +572,7 @@ fn tune_prints_the_table_and_its_cache_file() {
         .unwrap_or_else(|| panic!("no cache file named: {out}"));
     assert!(path.starts_with(dir.to_str().expect("a path")), "{out}");
     let file = std::fs::read_to_string(path).expect("the cache file");
-    assert!(file.starts_with("wgpu-collectives tuning 1\n"), "{file}");
+    assert!(file.starts_with("wgpu-collectives tuning 2\n"), "{file}");
     assert!(
         out.contains(&file),
         "the printed table is not the file's:\n{out}\n{file}"

@@ -34,7 +34,7 @@ use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
 use crate::runtime::shared;
-use crate::runtime::tune::{Entry, Line, Table};
+use crate::runtime::tune::{Cost, Entry, Table};
 use crate::transport::MakePlace;
 use crate::transport::local::mesh;
 
@@ -42,12 +42,13 @@ use crate::transport::local::mesh;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Tune {
-    /// The planner's rules and cost model decide (the default, until
-    /// tuning has been measured against every plan on enough machines).
-    #[default]
+    /// The planner's rules and cost model decide, as they were tuned on
+    /// one lavapipe machine: for a world whose choices must not depend on
+    /// timing (tests of the rules, reproducing a run elsewhere).
     Off,
     /// The cached table when there is one for this machine and world,
-    /// else measure and cache.
+    /// else measure and cache (the default).
+    #[default]
     Cached,
     /// Measure, and cache what was measured.
     Measure,
@@ -94,6 +95,14 @@ const SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
 /// Past this much time spent measuring, no size above 1 MiB is timed.
 const BUDGET: Duration = Duration::from_millis(1200);
 
+/// Past 64 KiB, a plan is timed at the next size (16x larger) only when
+/// it took at most this many times the best plan's time at this one: on
+/// lavapipe, 4 ranks, no plan that far behind at 1 MiB came within 10%
+/// of the best at 16 MiB, and the one-shot alone (10x behind there) cost
+/// 0.8 s to time at 16 MiB. Those not timed are costed along their last
+/// range.
+const PRUNE: f64 = 2.5;
+
 /// A world's tuning: the table, its text (as the cache holds it) and
 /// the cache file it was read from or written to.
 #[derive(Debug, Clone)]
@@ -119,33 +128,61 @@ pub(crate) fn table_for(
     let Some(first) = devices.first() else {
         return Ok(None);
     };
+    // One measurement at a time in a process: worlds made at once (a
+    // test binary's threads) wait for the first to cache its table, and
+    // no timing runs beside another.
+    let _one = one_at_a_time();
     if mode == Tune::Cached {
         if let Some(t) = cached(config, first, n, meets) {
             return Ok(Some(t));
         }
     }
-    let key = key(first, n, meets);
-    let path = config.tune_cache().map(|dir| dir.join(file_name(&key)));
     let start = Instant::now();
-    let table = measure(config, devices, meets, tuning)?;
+    let entries = measure(config, devices, meets, tuning, &KINDS)?;
+    Ok(Some(keep(config, first, n, meets, entries, start)))
+}
+
+/// The table of `entries`, measured since `start` for `n` ranks on
+/// `first`'s adapter, logged and cached.
+fn keep(
+    config: &WorldConfig,
+    first: &RankDevice,
+    n: usize,
+    meets: bool,
+    entries: Vec<Entry>,
+    start: Instant,
+) -> Tuned {
+    let table = Table { entries };
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         entries = table.entries.len(),
         "world: plans timed on its devices"
     );
+    let key = key(first, n, meets);
     let text = table.to_text(&key);
-    let path = path.filter(|path| match store(path, &text) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
-            false
-        }
-    });
-    Ok(Some(Tuned {
+    let path = config
+        .tune_cache()
+        .map(|dir| dir.join(file_name(&key)))
+        .filter(|path| match store(path, &text) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
+                false
+            }
+        });
+    Tuned {
         table: Arc::new(table),
         text,
         path,
-    }))
+    }
+}
+
+/// The process-wide turn to measure (or read what the last turn cached).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A measurement that panicked left nothing half-done that matters.
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What `placement_for` measured: rank 0's figures and the tuning table.
@@ -153,10 +190,11 @@ pub(crate) type Measured = (Tuning, Option<Tuned>);
 
 /// The devices, configuration and tuning a world is made with: when
 /// `config` tunes and leaves the placement to the engine (`Auto`), and
-/// its ranks share an adapter, both placements are timed (a device per
-/// rank made for the second) and the one whose best plans take less over
-/// the expected sizes is kept; otherwise as they came, tuning still to be
-/// done (`None`).
+/// its ranks share an adapter, all_reduce is timed under both placements
+/// (a device per rank made for the second), the one whose best plans take
+/// less over the expected sizes is kept, and only it has its other
+/// collectives timed; the choice is cached beside the tables. Otherwise
+/// as they came, tuning still to be done (`None`).
 #[allow(
     clippy::type_complexity,
     reason = "the three things a world is assembled from, once"
@@ -168,32 +206,50 @@ pub(crate) fn placement_for(
 ) -> Result<(Vec<Arc<RankDevice>>, WorldConfig, Option<Measured>)> {
     let n = devices.len();
     let unchanged = (devices.clone(), config.clone(), None);
-    let Some(first) = devices.first() else {
+    let Some(first) = devices.first().cloned() else {
         return Ok(unchanged);
     };
-    let together = devices.iter().all(|d| d.same_device(first));
-    if config.placement()? != Placement::Auto || config.tune()? == Tune::Off || n < 2 || !together {
+    let together = devices.iter().all(|d| d.same_device(&first));
+    let mode = config.tune()?;
+    if config.placement()? != Placement::Auto || mode == Tune::Off || n < 2 || !together {
         return Ok(unchanged);
     }
-    let tuning = config.tuning(first)?;
+    let tuning = config.tuning(&first)?;
     if tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
         // A forced plan tunes nothing; the figures are measured already.
         return Ok((devices, config.clone(), Some((tuning, None))));
     }
     let shared_cfg = config.clone().with_placement(Placement::SharedDevice);
     let apart_cfg = config.clone().with_placement(Placement::DevicePerRank);
-    let on_shared = table_for(&shared_cfg, &devices, true, &tuning)?;
-    // Devices of their own only to be timed, or to be kept: a cached
-    // table for them (the same adapter) needs none.
-    let (mut apart, on_apart) = match (config.tune()?, cached(config, first, n, false)) {
-        (Tune::Cached, Some(t)) => (None, Some(t)),
-        _ => {
-            let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
-            let t = table_for(&apart_cfg, &apart, false, &tuning)?;
-            (Some(apart), t)
-        }
-    };
     let (lo, hi) = config.expected_bytes();
+    let choice_key = format!(
+        "{} | expects {lo}-{hi} bytes",
+        key(&first, n, false).replace("per-rank", "placement")
+    );
+    let choice_path = config.tune_cache().map(|d| d.join(file_name(&choice_key)));
+    let one = one_at_a_time();
+    if mode == Tune::Cached {
+        let was = choice_path
+            .as_deref()
+            .and_then(|p| read_choice(p, &choice_key));
+        if let Some(shared) = was {
+            // The chosen placement's own table, read (or measured).
+            drop(one);
+            let (devices, cfg) = if shared {
+                (devices, shared_cfg)
+            } else {
+                let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
+                (apart, apart_cfg)
+            };
+            let tuned = table_for(&cfg, &devices, shared, &tuning)?;
+            return Ok((devices, cfg, Some((tuning, tuned))));
+        }
+    }
+    let start = Instant::now();
+    let ar = [Kind::AllReduce];
+    let on_shared = measure(&shared_cfg, &devices, true, &tuning, &ar)?;
+    let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
+    let on_apart = measure(&apart_cfg, &apart, false, &tuning, &ar)?;
     // The best plan's all-reduce at each power of 4 in the expected range.
     let mut sizes = Vec::new();
     let mut s = lo.max(1);
@@ -204,16 +260,12 @@ pub(crate) fn placement_for(
             break;
         }
     }
-    let best = |t: &Option<Tuned>, bytes: usize| {
-        t.as_ref()
-            .and_then(|t| {
-                t.table
-                    .entries
-                    .iter()
-                    .filter(|e| e.kind == Kind::AllReduce)
-                    .map(|e| e.line.at(bytes))
-                    .min_by(f64::total_cmp)
-            })
+    let best = |entries: &[Entry], bytes: usize| {
+        entries
+            .iter()
+            .filter(|e| e.kind == Kind::AllReduce)
+            .map(|e| e.cost.at(bytes))
+            .min_by(f64::total_cmp)
             .unwrap_or(f64::INFINITY)
     };
     let shared_total: f64 = sizes.iter().map(|&b| best(&on_shared, b)).sum();
@@ -232,14 +284,63 @@ pub(crate) fn placement_for(
         sizes = sizes.len(),
         "world: placement chosen by timing both"
     );
-    if keep_shared {
-        return Ok((devices, shared_cfg, Some((tuning, on_shared))));
-    }
-    let apart = match apart.take() {
-        Some(a) => a,
-        None => devices_on(adapters, 0..n, Placement::DevicePerRank, config)?,
+    let rest: Vec<Kind> = KINDS.into_iter().filter(|k| !ar.contains(k)).collect();
+    let (devices, cfg, mut entries) = if keep_shared {
+        drop(apart);
+        (devices, shared_cfg, on_shared)
+    } else {
+        (apart, apart_cfg, on_apart)
     };
-    Ok((apart, apart_cfg, Some((tuning, on_apart))))
+    entries.extend(measure(&cfg, &devices, keep_shared, &tuning, &rest)?);
+    let tuned = keep(&cfg, &first, n, keep_shared, entries, start);
+    if let Some(path) = &choice_path {
+        let text = format!(
+            "{CHOICE}\nkey {choice_key}\nshared {shared_total:e}\nper-rank {apart_total:e}\nend\n"
+        );
+        if let Err(e) = store(path, &text) {
+            tracing::warn!(path = %path.display(), error = %e, "world: could not cache the placement chosen");
+        }
+    }
+    Ok((devices, cfg, Some((tuning, Some(tuned)))))
+}
+
+/// The first line of a cached placement choice.
+const CHOICE: &str = "wgpu-collectives placement 1";
+
+/// What the cache says of a placement chosen under `key` (the best
+/// all-reduce's seconds over the expected sizes under each): shared
+/// (`true`, the lesser or equal) or a device per rank; `None` when it
+/// holds no good choice.
+fn read_choice(path: &Path, key: &str) -> Option<bool> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "world: reading the tuning cache");
+            }
+            return None;
+        }
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let secs = |line: &str, name: &str| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let choice = match lines[..] {
+        [CHOICE, k, shared, apart, "end"] if k.strip_prefix("key ") == Some(key) => {
+            secs(shared, "shared")
+                .zip(secs(apart, "per-rank"))
+                .map(|(s, a)| s <= a)
+        }
+        _ => None,
+    };
+    if choice.is_none() {
+        tracing::warn!(path = %path.display(), "world: ignoring the cached placement choice; measuring again");
+    }
+    choice
 }
 
 /// The cached table for `n` ranks on `first`'s adapter (meeting on one
@@ -332,23 +433,34 @@ pub(crate) fn default_cache() -> Option<PathBuf> {
     Some(base.join("wgpu-collectives"))
 }
 
-/// Times every plan that can run on `devices`, each through a world of
-/// its own with that plan forced.
+/// One plan's world, and the kinds it runs with their (bytes, seconds)
+/// timed so far.
+type Timing = (Plan, World, Vec<(Kind, Vec<(f64, f64)>)>);
+
+/// Times `kinds` under every plan that can run on `devices`, each plan
+/// through a world of its own with that plan forced, size by size
+/// across the plans (so that the budget, when it runs out, leaves every
+/// plan timed at the same sizes).
 fn measure(
     config: &WorldConfig,
     devices: &[Arc<RankDevice>],
     meets: bool,
     tuning: &Tuning,
-) -> Result<Table> {
+    kinds: &[Kind],
+) -> Result<Vec<Entry>> {
     let n = devices.len();
     let start = Instant::now();
-    let mut entries = Vec::new();
+    let mut runs: Vec<Timing> = Vec::new();
     for plan in Plan::ALL {
-        let kinds: Vec<Kind> = KINDS
-            .into_iter()
+        if plan == Plan::Direct && !meets {
+            continue;
+        }
+        let offered: Vec<Kind> = kinds
+            .iter()
+            .copied()
             .filter(|&k| offers(k).contains(&plan))
             .collect();
-        if kinds.is_empty() || (plan == Plan::Direct && !meets) {
+        if offered.is_empty() {
             continue;
         }
         let forced = Tuning {
@@ -361,38 +473,79 @@ fn measure(
         config.quiet = true;
         let w = World::assemble_with(None, devices.to_vec(), links, &config, (0, n), forced)?;
         // Every kind once first: its kernels compile on first use, which
-        // would count as part of its smallest size's time.
-        for &kind in &kinds {
-            time(&w, kind, SIZES[0], plan, 1)?;
-        }
-        for kind in kinds {
-            let mut points = Vec::new();
-            for bytes in SIZES {
-                // A large size only while the budget lasts, and only
-                // where the last size took little (it would take 16x).
-                let last = points.last().map_or(0.0, |p: &(f64, f64)| p.1);
-                if bytes > 1 << 20 && (start.elapsed() > BUDGET || last > 0.02) {
-                    break;
-                }
-                // Enough calls that a small size is not one scheduler
-                // hiccup, few enough at the large ones to fit the budget.
-                let iters = match bytes {
-                    b if b <= 64 << 10 => 9,
-                    b if b <= 1 << 20 => 5,
-                    _ => 2,
-                };
-                match time(&w, kind, bytes, plan, iters)? {
-                    Some(secs) => points.push((bytes as f64, secs)),
-                    // Not offered, or not at this size.
-                    None => break,
-                }
+        // would count as part of its smallest size's time. A kind that
+        // runs another plan here is not timed under this one.
+        let mut timed = Vec::new();
+        for kind in offered {
+            if time(&w, kind, SIZES[0], plan, 1)?.is_some() {
+                timed.push((kind, Vec::new()));
             }
-            if let Some(line) = Line::fit(&points) {
-                entries.push(Entry { kind, plan, line });
+        }
+        runs.push((plan, w, timed));
+    }
+    for (i, bytes) in SIZES.into_iter().enumerate() {
+        // Enough calls that a small size is not one scheduler hiccup,
+        // few enough at the large ones to fit the budget.
+        let iters = match bytes {
+            b if b <= 64 << 10 => 9,
+            b if b <= 1 << 20 => 5,
+            _ => 3,
+        };
+        // Who is timed at this size: every (plan, kind) timed at the last
+        // one, past 64 KiB only those within PRUNE of that kind's best
+        // there, fastest first (so that the budget, should it run out,
+        // cuts the slowest).
+        let mut turn: Vec<(usize, usize, f64)> = Vec::new();
+        for (r, (_, _, timed)) in runs.iter().enumerate() {
+            for (k, (kind, points)) in timed.iter().enumerate() {
+                if points.len() != i {
+                    continue; // a size it could not run cuts the larger ones
+                }
+                let last = points.last().map_or(0.0, |p| p.1);
+                let best = runs
+                    .iter()
+                    .flat_map(|run| run.2.iter())
+                    .filter(|(k2, p2)| k2 == kind && p2.len() == i)
+                    .filter_map(|(_, p2)| p2.last().map(|p| p.1))
+                    .fold(f64::INFINITY, f64::min);
+                if bytes > 64 << 10 && last > best * PRUNE {
+                    continue;
+                }
+                turn.push((r, k, last));
+            }
+        }
+        turn.sort_by(|a, b| a.2.total_cmp(&b.2));
+        for (r, k, _) in turn {
+            if bytes > 1 << 20 && start.elapsed() > BUDGET {
+                tracing::debug!(bytes, "world: tuning's budget spent");
+                break;
+            }
+            let Some((plan, w, timed)) = runs.get_mut(r) else {
+                continue;
+            };
+            let Some((kind, points)) = timed.get_mut(k) else {
+                continue;
+            };
+            if let Some(secs) = time(w, *kind, bytes, *plan, iters)? {
+                tracing::debug!(
+                    kind = kind.name(),
+                    plan = plan.name(),
+                    bytes,
+                    us = secs * 1e6,
+                    "world: timed"
+                );
+                points.push((bytes as f64, secs));
             }
         }
     }
-    Ok(Table { entries })
+    Ok(runs
+        .into_iter()
+        .flat_map(|(plan, _, timed)| {
+            timed.into_iter().filter_map(move |(kind, points)| {
+                Cost::new(points).map(|cost| Entry { kind, plan, cost })
+            })
+        })
+        .collect())
 }
 
 /// Seconds one `kind` of `bytes` per rank takes on `w` (the slowest
@@ -413,7 +566,9 @@ fn time(w: &World, kind: Kind, bytes: usize, plan: Plan, iters: usize) -> Result
             };
             work.wait().map(|_| ())
         };
+        let t = Instant::now();
         once()?;
+        let first = t.elapsed().as_secs_f64();
         let ran = c
             .flight_record()
             .ranks
@@ -423,9 +578,14 @@ fn time(w: &World, kind: Kind, bytes: usize, plan: Plan, iters: usize) -> Result
         if ran != Some(plan) {
             return Ok(None);
         }
-        let _ = c.barrier()?.wait()?;
+        // Small sizes leave out the first call (pools growing to the size);
+        // a large one is dear enough that it counts, the median absorbing it.
         let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters {
+        if bytes > 1 << 20 {
+            times.push(first);
+        }
+        let _ = c.barrier()?.wait()?;
+        while times.len() < iters {
             let t = Instant::now();
             once()?;
             times.push(t.elapsed().as_secs_f64());

@@ -201,7 +201,7 @@ impl WorldConfig {
     /// Whether the world times its plans on its devices when it is made,
     /// and the planner chooses from what it measured (see [`Tune`];
     /// default: the `WGPU_COLLECTIVES_TUNE` environment variable, `off`,
-    /// `cached` or `measure`, else [`Tune::Off`]). A forced plan or
+    /// `cached` or `measure`, else [`Tune::Cached`]). A forced plan or
     /// algorithm tunes nothing.
     pub fn with_tune(mut self, tune: Tune) -> Self {
         self.tune = Some(tune);
@@ -241,7 +241,7 @@ impl WorldConfig {
                     what: format!("WGPU_COLLECTIVES_TUNE={s:?}: off, cached or measure"),
                 })
             }
-            _ => Ok(Tune::Off),
+            _ => Ok(Tune::default()),
         }
     }
 
@@ -763,8 +763,21 @@ impl World {
         self.tuned.as_ref().and_then(|t| t.path.as_deref())
     }
 
-    /// The cost model measured on rank 0's adapter when the world was made.
+    /// The cost model collectives are priced by (the graph layer's
+    /// schedules): in a tuned world, the hop model fitted to the fastest
+    /// plan's all-reduce at every size timed on its devices; otherwise the
+    /// hop model measured on rank 0's adapter ([`hop_cost_model`](Self::hop_cost_model)).
     pub fn cost_model(&self) -> CostModel {
+        self.tuned
+            .as_ref()
+            .and_then(|t| t.table.all_reduce_model(self.size(), self.tuning.cost))
+            .unwrap_or(self.tuning.cost)
+    }
+
+    /// The hop model measured on rank 0's adapter when the world was made
+    /// (a fence round trip, a copy through the host): what the planner's
+    /// rules price with when the world is not tuned.
+    pub fn hop_cost_model(&self) -> CostModel {
         self.tuning.cost
     }
 

@@ -66,19 +66,29 @@ pub struct DdpArgs {
 }
 
 /// Prints how far the cost model's estimates were from the last step's
-/// measurements (rank 0's).
-fn calibration(runs: &[RankRun]) {
+/// measurements (rank 0's): by the hop model measured on the adapter
+/// (before tuning) and by the cost model the schedules used (the tuning
+/// table's, in a tuned world).
+fn calibration(runs: &[RankRun], tuned: bool) {
     let Some(run) = runs.first() else { return };
-    let c = Calibration::of(&run.samples);
     let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0));
-    println!(
-        "# calibration (rank 0, last step; median |estimated - measured| / measured): \
-         collectives {} (estimated {:.2} ms, measured {:.2} ms in all), compute {}",
-        pct(c.collectives),
-        c.collective_totals.0.as_secs_f64() * 1e3,
-        c.collective_totals.1.as_secs_f64() * 1e3,
-        pct(c.compute)
-    );
+    let line = |label: &str, samples: &[wgpu_collectives::graph::calibrate::Sample]| {
+        let c = Calibration::of(samples);
+        println!(
+            "# calibration{label} (rank 0, last step; median |estimated - measured| / measured): \
+             collectives {} (estimated {:.2} ms, measured {:.2} ms in all), compute {}",
+            pct(c.collectives),
+            c.collective_totals.0.as_secs_f64() * 1e3,
+            c.collective_totals.1.as_secs_f64() * 1e3,
+            pct(c.compute)
+        );
+    };
+    if tuned {
+        line(" before, by the hop model", &run.hop_samples);
+        line(" after, by the tuning table", &run.samples);
+    } else {
+        line("", &run.samples);
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -183,7 +193,10 @@ pub fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         if lead {
-            calibration(&runs);
+            calibration(
+                &runs,
+                world.tuning_table().is_some() && (i == 0 || !a.refit),
+            );
         }
         if a.refit && i == 0 {
             cost = refit(&world, &runs, &cost)?;

@@ -97,6 +97,9 @@ pub struct RankRun {
     pub timeline: Vec<Event>,
     /// The last step's estimates and measurements (for calibration).
     pub samples: Vec<Sample>,
+    /// The same, estimated by the hop model measured on rank 0's adapter
+    /// (what priced collectives before the world was tuned).
+    pub hop_samples: Vec<Sample>,
     /// Whether every rank of the world (in every process) ended with the
     /// same weights, bit for bit (`None` when they are sharded).
     pub weights_agree: Option<bool>,
@@ -224,7 +227,7 @@ fn rank_steps(
     steps: usize,
     keep_bits: bool,
     sharded: bool,
-    cost: &GraphCost,
+    (cost, hop): (&GraphCost, &GraphCost),
 ) -> Result<RankRun> {
     let (n, r) = (c.size(), c.rank());
     let b = m.batch / n;
@@ -247,6 +250,7 @@ fn rank_steps(
         weight_bits: Vec::new(),
         timeline: Vec::new(),
         samples: Vec::new(),
+        hop_samples: Vec::new(),
         weights_agree: None,
     };
     let (x, y) = m.data();
@@ -303,6 +307,7 @@ fn rank_steps(
             run.weight_bits.push(bits);
         }
         run.samples = calibrate::samples(g, &out, cost);
+        run.hop_samples = calibrate::samples(g, &out, hop);
         run.timeline = out.timeline;
     }
     if !sharded {
@@ -410,8 +415,12 @@ pub fn train_with(
     }
     let sharded = schedule.sharded();
     let g = scheduled(m.step_graph(n, sharded), schedule, cost, m.bucket_bytes)?;
+    let hop = GraphCost {
+        comm: world.hop_cost_model(),
+        ..*cost
+    };
     world
-        .run(|c| rank_steps(c, m, &g, steps, keep_bits, sharded, cost))?
+        .run(|c| rank_steps(c, m, &g, steps, keep_bits, sharded, (cost, &hop)))?
         .into_iter()
         .collect()
 }

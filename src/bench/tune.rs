@@ -52,7 +52,10 @@ pub fn run(argv: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             |p| p.display().to_string()
         )
     );
-    println!("# each line: kind, plan, fixed cost (s), cost per byte each rank moves (s)");
+    println!(
+        "# each line: kind, plan, then bytes each rank moves:seconds at each size timed \
+         (the planner costs a size between two along the line through them)"
+    );
     print!("{table}");
     Ok(())
 }

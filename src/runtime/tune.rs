@@ -3,89 +3,119 @@
 //!
 //! Rules tuned on one machine choose badly on the next (two machines of
 //! the same kind have differed 5x in how fast lavapipe runs the direct
-//! kernel), so the engine can time every feasible plan where it runs, as
-//! cuBLAS and TVM time kernels. Each (kind, plan) timed at a few sizes is
-//! fitted to a line, seconds = fixed + bytes x per_byte (least squares,
-//! neither term below zero); the planner takes the plan whose line is
-//! lowest at the call's size. The table is text, so that a cache file can
-//! hold it and be checked: its first line names the format, its second
-//! the key it was measured under (adapter, driver, backend, ranks,
-//! placement, crate version); a file that does not parse, or was measured
-//! under another key, is refused with the reason.
+//! kernel), so the engine times every feasible plan where it runs, as
+//! cuBLAS and TVM time kernels. Each (kind, plan) is timed at a few sizes
+//! and costed piecewise: between two timed sizes, the line through them
+//! (a fixed and a per-byte cost for that range); below the smallest, its
+//! time; above the largest, the last range's line. One least-squares line
+//! over every size was tried first: a plan that is dearer at 16 MiB but
+//! cheaper below pulled its line under the winner's there, and the
+//! planner chose the slower ring. The planner takes the plan costed lowest
+//! at the call's size. The table is text, so that a cache file can hold it
+//! and be checked: its first line names the format, its second the key it
+//! was measured under (adapter, driver, backend, ranks, placement, crate
+//! version), its last says it ended; a file that does not parse, or was measured under another
+//! key, is refused with the reason.
 
+use crate::runtime::cost::CostModel;
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
 
 /// The first line of a table's text.
-const FORMAT: &str = "wgpu-collectives tuning 1";
+const FORMAT: &str = "wgpu-collectives tuning 2";
 
-/// One plan's cost for one kind of collective, as a line in the bytes
-/// each rank moves.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Line {
-    /// Seconds whatever the size.
-    pub fixed: f64,
-    /// Seconds per byte.
-    pub per_byte: f64,
+/// One plan's timed cost for one kind of collective: seconds at sizes
+/// (bytes per rank), ascending.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Cost {
+    points: Vec<(f64, f64)>,
 }
 
-impl Line {
-    /// Its estimate of a call of `bytes`, in seconds.
-    pub(crate) fn at(&self, bytes: usize) -> f64 {
-        self.fixed + self.per_byte * bytes as f64
+impl Cost {
+    /// The cost through `points` (bytes, seconds), in any order; `None`
+    /// without one, or with one not finite or below zero.
+    pub(crate) fn new(mut points: Vec<(f64, f64)>) -> Option<Cost> {
+        if points.is_empty()
+            || points
+                .iter()
+                .any(|&(b, s)| !(b.is_finite() && s.is_finite() && b >= 0.0 && s >= 0.0))
+        {
+            return None;
+        }
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        points.dedup_by(|a, b| a.0 == b.0);
+        Some(Cost { points })
     }
 
-    /// The least-squares line through `points` (bytes, seconds), neither
-    /// term below zero; `None` without a point.
-    pub(crate) fn fit(points: &[(f64, f64)]) -> Option<Line> {
-        let n = points.len() as f64;
-        let (first, rest) = points.split_first()?;
-        if rest.is_empty() {
-            // One size: all of it per byte, or all fixed for an empty call.
-            return Some(if first.0 > 0.0 {
-                Line {
-                    fixed: 0.0,
-                    per_byte: first.1 / first.0,
-                }
-            } else {
-                Line {
-                    fixed: first.1,
-                    per_byte: 0.0,
-                }
-            });
-        }
-        let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-        let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
-        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-        let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-        let fixed = my - slope * mx;
-        if fixed >= 0.0 {
-            return Some(Line {
-                fixed,
-                per_byte: slope,
-            });
-        }
-        // The best line through the origin instead.
-        let sxx0: f64 = points.iter().map(|p| p.0 * p.0).sum();
-        let sxy0: f64 = points.iter().map(|p| p.0 * p.1).sum();
-        Some(Line {
-            fixed: 0.0,
-            per_byte: if sxx0 > 0.0 {
-                (sxy0 / sxx0).max(0.0)
-            } else {
-                0.0
-            },
-        })
+    /// The sizes and times it was made from.
+    pub(crate) fn points(&self) -> &[(f64, f64)] {
+        &self.points
     }
+
+    /// Its estimate of a call of `bytes`, in seconds (never below zero).
+    pub(crate) fn at(&self, bytes: usize) -> f64 {
+        let x = bytes as f64;
+        let p = &self.points;
+        let (Some(&first), Some(&last)) = (p.first(), p.last()) else {
+            return 0.0;
+        };
+        if x <= first.0 {
+            return first.1;
+        }
+        if let Some((a, b)) = p.windows(2).map(|w| (w[0], w[1])).find(|(_, b)| x <= b.0) {
+            // Between two timed sizes: the line through them.
+            return a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0);
+        }
+        // Beyond the largest: the last range's line, never falling.
+        match p.len().checked_sub(2).and_then(|i| p.get(i)) {
+            Some(&a) => last.1 + ((last.1 - a.1) / (last.0 - a.0)).max(0.0) * (x - last.0),
+            // One size only: its time per byte.
+            None if first.0 > 0.0 => first.1 * x / first.0,
+            None => first.1,
+        }
+    }
+}
+
+/// The least-squares line (fixed seconds, seconds per byte) through
+/// `points`, neither below zero; `None` without a point.
+fn fit_line(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let n = points.len() as f64;
+    let first = points.first()?;
+    if points.len() == 1 {
+        return Some(if first.0 > 0.0 {
+            (0.0, first.1 / first.0)
+        } else {
+            (first.1, 0.0)
+        });
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    let fixed = my - slope * mx;
+    if fixed >= 0.0 {
+        return Some((fixed, slope));
+    }
+    // Through the origin instead.
+    let sxx0: f64 = points.iter().map(|p| p.0 * p.0).sum();
+    let sxy0: f64 = points.iter().map(|p| p.0 * p.1).sum();
+    Some((
+        0.0,
+        if sxx0 > 0.0 {
+            (sxy0 / sxx0).max(0.0)
+        } else {
+            0.0
+        },
+    ))
 }
 
 /// What timing found for one plan of one kind.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Entry {
     pub kind: Kind,
     pub plan: Plan,
-    pub line: Line,
+    pub cost: Cost,
 }
 
 /// Every (kind, plan) that was timed.
@@ -95,34 +125,78 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    /// The plan of `kind` whose line is lowest at `bytes`, among those
-    /// `allowed`; `None` when the table has none for it.
+    /// The plan of `kind` costed lowest at `bytes`, among those
+    /// `allowed`, with its cost in seconds; `None` when the table has
+    /// none for it.
+    pub(crate) fn best(
+        &self,
+        kind: Kind,
+        bytes: usize,
+        allowed: impl Fn(Plan) -> bool,
+    ) -> Option<(Plan, f64)> {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == kind && allowed(e.plan))
+            .map(|e| (e.plan, e.cost.at(bytes)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// The plan of `kind` costed lowest at `bytes`, among those `allowed`.
     pub(crate) fn choose(
         &self,
         kind: Kind,
         bytes: usize,
         allowed: impl Fn(Plan) -> bool,
     ) -> Option<Plan> {
-        self.entries
+        self.best(kind, bytes, allowed).map(|(p, _)| p)
+    }
+
+    /// The hop model whose ring all-reduce of `n` ranks best matches the
+    /// fastest plan's all-reduce at every size timed (least squares over
+    /// the fixed and the per-byte parts, neither below zero), with
+    /// `base`'s dispatch cost: how the graph layer prices collectives from
+    /// what was measured. `None` without an all-reduce timed.
+    pub(crate) fn all_reduce_model(&self, n: usize, base: CostModel) -> Option<CostModel> {
+        let steps = n.checked_sub(1).filter(|&s| s > 0)? as f64;
+        let mut sizes: Vec<f64> = self
+            .entries
             .iter()
-            .filter(|e| e.kind == kind && allowed(e.plan))
-            .min_by(|a, b| a.line.at(bytes).total_cmp(&b.line.at(bytes)))
-            .map(|e| e.plan)
+            .filter(|e| e.kind == Kind::AllReduce)
+            .flat_map(|e| e.cost.points().iter().map(|p| p.0))
+            .collect();
+        sizes.sort_by(f64::total_cmp);
+        sizes.dedup();
+        let points: Vec<(f64, f64)> = sizes
+            .into_iter()
+            .filter_map(|b| Some((b, self.best(Kind::AllReduce, b as usize, |_| true)?.1)))
+            .collect();
+        let (fixed, per_byte) = fit_line(&points)?;
+        // ring_all_reduce: 2(n-1)(alpha + b/(n beta)) + (n-1) dispatch.
+        let dispatch = base.dispatch.as_secs_f64();
+        let alpha = ((fixed - steps * dispatch) / (2.0 * steps)).max(0.0);
+        let beta = if per_byte > 0.0 {
+            2.0 * steps / (n as f64 * per_byte)
+        } else {
+            base.beta
+        };
+        Some(CostModel {
+            alpha: std::time::Duration::try_from_secs_f64(alpha).ok()?,
+            beta,
+            dispatch: base.dispatch,
+        })
     }
 
     /// Its text, measured under `key` (one line, no newline).
     pub(crate) fn to_text(&self, key: &str) -> String {
         let mut s = format!("{FORMAT}\nkey {key}\n");
         for e in &self.entries {
-            s += &format!(
-                "{} {} {:e} {:e}\n",
-                e.kind.name(),
-                e.plan.name(),
-                e.line.fixed,
-                e.line.per_byte
-            );
+            s += &format!("{} {}", e.kind.name(), e.plan.name());
+            for (bytes, secs) in e.cost.points() {
+                s += &format!(" {bytes}:{secs:e}");
+            }
+            s += "\n";
         }
-        s
+        s + "end\n"
     }
 
     /// The table `text` holds, when it was measured under `key`; else why not.
@@ -137,10 +211,18 @@ impl Table {
             None => return Err("no key line".into()),
         }
         let mut entries = Vec::new();
+        let mut ended = false;
         for (i, line) in lines.enumerate() {
+            if ended {
+                return Err(format!("line {}: after the end", i.saturating_add(3)));
+            }
+            if line == "end" {
+                ended = true;
+                continue;
+            }
             let bad = || format!("line {}: {line:?}", i.saturating_add(3));
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [kind, plan, fixed, per_byte] = f[..] else {
+            let mut f = line.split_whitespace();
+            let (Some(kind), Some(plan)) = (f.next(), f.next()) else {
                 return Err(bad());
             };
             let kind = Kind::ALL
@@ -149,20 +231,19 @@ impl Table {
                 .find(|k| k.name() == kind)
                 .ok_or_else(bad)?;
             let plan = Plan::parse(plan).ok_or_else(bad)?;
-            let num = |s: &str| {
-                s.parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v >= 0.0)
-                    .ok_or_else(bad)
-            };
-            entries.push(Entry {
-                kind,
-                plan,
-                line: Line {
-                    fixed: num(fixed)?,
-                    per_byte: num(per_byte)?,
-                },
-            });
+            let points = f
+                .map(|p| {
+                    let (b, s) = p.split_once(':')?;
+                    Some((b.parse::<f64>().ok()?, s.parse::<f64>().ok()?))
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(bad)?;
+            let cost = Cost::new(points).ok_or_else(bad)?;
+            entries.push(Entry { kind, plan, cost });
+        }
+        if !ended {
+            // Cut short: a line may have lost its last digits.
+            return Err("no end line (truncated?)".into());
         }
         Ok(Table { entries })
     }
@@ -173,39 +254,50 @@ impl Table {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_line_fits_points_on_it_and_never_goes_below_zero() {
-        let l = Line::fit(&[(0.0, 1e-3), (1e6, 2e-3), (2e6, 3e-3)]).unwrap();
-        assert!((l.fixed - 1e-3).abs() < 1e-12 && (l.per_byte - 1e-9).abs() < 1e-18);
-        // Falling times: no negative slope, no negative fixed cost.
-        let l = Line::fit(&[(1e3, 5e-3), (1e6, 1e-3)]).unwrap();
-        assert!(l.per_byte >= 0.0 && l.fixed >= 0.0, "{l:?}");
-        // A steep line whose intercept would be negative goes through 0.
-        let l = Line::fit(&[(1e3, 1e-6), (1e6, 1e-2)]).unwrap();
-        assert_eq!(l.fixed, 0.0);
-        assert!(l.per_byte > 0.0);
-        assert_eq!(Line::fit(&[]), None);
+    fn cost(points: &[(f64, f64)]) -> Cost {
+        Cost::new(points.to_vec()).unwrap()
     }
 
     #[test]
-    fn the_table_chooses_the_lowest_line_among_the_allowed() {
-        let line = |fixed, per_byte| Line { fixed, per_byte };
+    fn a_cost_goes_through_its_points_and_along_its_ranges() {
+        let c = cost(&[(1e6, 3e-3), (0.0, 1e-3), (2e6, 4e-3)]);
+        assert_eq!(c.at(0), 1e-3);
+        assert_eq!(c.at(1_000_000), 3e-3);
+        assert!((c.at(500_000) - 2e-3).abs() < 1e-12);
+        // Beyond the largest size, the last range's line.
+        assert!((c.at(4_000_000) - 6e-3).abs() < 1e-12);
+        // Below the smallest, its time; never below zero.
+        let c = cost(&[(4096.0, 5e-4), (65536.0, 4e-4), (1e6, 1e-3)]);
+        assert_eq!(c.at(16), 5e-4);
+        assert_eq!(c.at(65536), 4e-4);
+        // A falling range costs no less than where it ended.
+        let falling = cost(&[(1e3, 5e-3), (1e6, 1e-3)]);
+        assert_eq!(falling.at(10_000_000), 1e-3);
+        // One size: its time per byte.
+        assert_eq!(cost(&[(1e3, 1e-3)]).at(2000), 2e-3);
+        assert_eq!(Cost::new(vec![]), None);
+        assert_eq!(Cost::new(vec![(1.0, f64::NAN)]), None);
+        assert_eq!(Cost::new(vec![(1.0, -1.0)]), None);
+    }
+
+    #[test]
+    fn the_table_chooses_the_lowest_cost_among_the_allowed() {
         let t = Table {
             entries: vec![
                 Entry {
                     kind: Kind::AllReduce,
                     plan: Plan::OneShot,
-                    line: line(1e-5, 1e-8),
+                    cost: cost(&[(0.0, 1e-5), (1e6, 1e-2)]),
                 },
                 Entry {
                     kind: Kind::AllReduce,
                     plan: Plan::HostRing,
-                    line: line(1e-3, 1e-9),
+                    cost: cost(&[(0.0, 1e-3), (1e6, 2e-3)]),
                 },
                 Entry {
                     kind: Kind::AllGather,
                     plan: Plan::DeviceRing,
-                    line: line(0.0, 0.0),
+                    cost: cost(&[(0.0, 0.0)]),
                 },
             ],
         };
@@ -222,6 +314,68 @@ mod tests {
             Some(Plan::HostRing)
         );
         assert_eq!(t.choose(Kind::Broadcast, 1024, |_| true), None);
+        let (plan, secs) = t.best(Kind::AllReduce, 1_000_000, |_| true).unwrap();
+        assert_eq!((plan, secs), (Plan::HostRing, 2e-3));
+    }
+
+    #[test]
+    fn a_plan_slower_where_it_was_timed_is_not_chosen_there() {
+        // What one line over every size got wrong: the device ring is
+        // cheaper below 16 MiB but dearer at it.
+        let ring = cost(&[(4096.0, 2e-4), (1048576.0, 3e-3), (16777216.0, 9e-2)]);
+        let host = cost(&[(4096.0, 9e-4), (1048576.0, 4e-3), (16777216.0, 6e-2)]);
+        let t = Table {
+            entries: vec![
+                Entry {
+                    kind: Kind::AllReduce,
+                    plan: Plan::DeviceRing,
+                    cost: ring,
+                },
+                Entry {
+                    kind: Kind::AllReduce,
+                    plan: Plan::HostRing,
+                    cost: host,
+                },
+            ],
+        };
+        assert_eq!(
+            t.choose(Kind::AllReduce, 16 << 20, |_| true),
+            Some(Plan::HostRing)
+        );
+        assert_eq!(
+            t.choose(Kind::AllReduce, 64 << 20, |_| true),
+            Some(Plan::HostRing)
+        );
+        assert_eq!(
+            t.choose(Kind::AllReduce, 1 << 20, |_| true),
+            Some(Plan::DeviceRing)
+        );
+    }
+
+    #[test]
+    fn the_hop_model_fitted_to_a_table_prices_its_best_all_reduce() {
+        // 4 ranks, best plan at each size: 1 ms + 1 ns per byte.
+        let t = Table {
+            entries: vec![Entry {
+                kind: Kind::AllReduce,
+                plan: Plan::HostRing,
+                cost: cost(&[(4096.0, 1e-3 + 4096e-9), (16777216.0, 1e-3 + 16777216e-9)]),
+            }],
+        };
+        let base = CostModel {
+            alpha: std::time::Duration::from_micros(7),
+            beta: 1e9,
+            dispatch: std::time::Duration::from_micros(30),
+        };
+        let m = t.all_reduce_model(4, base).unwrap();
+        for bytes in [4096usize, 1 << 20, 16 << 20] {
+            let want = 1e-3 + bytes as f64 * 1e-9;
+            let got = m.ring_all_reduce(4, bytes).as_secs_f64();
+            assert!((got - want).abs() < 1e-6, "{bytes}: {got} vs {want}");
+        }
+        assert_eq!(m.dispatch, base.dispatch);
+        assert_eq!(Table::default().all_reduce_model(4, base), None);
+        assert_eq!(t.all_reduce_model(1, base), None);
     }
 
     #[test]
@@ -230,10 +384,7 @@ mod tests {
             entries: vec![Entry {
                 kind: Kind::ReduceScatter,
                 plan: Plan::Direct,
-                line: Line {
-                    fixed: 1.5e-5,
-                    per_byte: 3.25e-10,
-                },
+                cost: cost(&[(4096.0, 1.5e-5), (65536.0, 3.25e-4)]),
             }],
         };
         let text = t.to_text("llvmpipe|4 ranks");
@@ -243,7 +394,10 @@ mod tests {
             "",
             "hello",
             &text.replace("direct", "warp"),
+            &text.replace("65536:", "65536"),
+            &text.replace("3.25e-4", "-3.25e-4"),
             &text[..text.len() - 9],
+            &text.replace("end\n", ""),
         ] {
             assert!(
                 Table::from_text(junk, "llvmpipe|4 ranks").is_err(),
