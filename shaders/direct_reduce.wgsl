@@ -25,7 +25,8 @@
 // 5-10x faster than a loop over few workgroups.
 
 // `run` (generated) finds this invocation's unit: in a dispatch of rows
-// of workgroups, or, rotating, in row y = part y.
+// of workgroups, or, rotating, in row y = part y (a part longer than
+// the adapter allows in one dimension goes on in z).
 @compute @workgroup_size(64)
 fn main(
     @builtin(global_invocation_id) gid: vec3<u32>,

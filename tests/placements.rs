@@ -309,3 +309,56 @@ fn one_device_given_for_every_rank_can_still_model_separate_gpus() {
         assert!(at.is_none(), "rank {rank}: differs at element {at:?}");
     }
 }
+
+/// A part longer than the adapter allows workgroups in one dimension
+/// (65535 on most GPUs: a 256 MiB all-reduce over 4 ranks failed
+/// validation on an H200) goes on in another: here a device whose limit
+/// is 4 workgroups, shared by 3 ranks, runs the direct kernels' all-reduce
+/// (a part per row) and reduce-scatter (a chunk per row) on parts of 16
+/// workgroups, against the reference.
+#[test]
+fn the_direct_kernels_cover_parts_longer_than_one_dispatch_dimension() {
+    let adapter = common::user_adapter();
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 4,
+        ..adapter.limits()
+    };
+    let d = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .expect("a device with few workgroups per dimension");
+    let w = World::from_devices(
+        vec![d.clone(), d.clone(), d],
+        WorldConfig::new(N)
+            .with_placement(Placement::SharedDevice)
+            .with_plan(Some(wgpu_collectives::Plan::Direct)),
+    )
+    .expect("a world");
+    let len = N * 4096;
+    let got = w
+        .run(|c| -> Result<(Vec<u32>, Vec<u32>), Error> {
+            let x: Vec<u32> = (0..len as u32).map(|i| i * 3 + c.rank() as u32).collect();
+            let x = c.tensor(&x)?;
+            let sum = c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<u32>()?;
+            let part = c
+                .reduce_scatter(&x, ReduceOp::Sum)?
+                .wait()?
+                .to_vec::<u32>()?;
+            Ok((sum, part))
+        })
+        .expect("run");
+    let want: Vec<u32> = (0..len as u32).map(|i| i * 9 + 3).collect();
+    for (rank, r) in got.into_iter().enumerate() {
+        let (sum, part) = r.expect("rank");
+        assert!(
+            sum == want,
+            "rank {rank}: all_reduce differs from the reference"
+        );
+        let per = len / N;
+        assert!(
+            part == want[rank * per..(rank + 1) * per],
+            "rank {rank}: reduce_scatter differs from the reference"
+        );
+    }
+}

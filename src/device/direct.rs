@@ -149,8 +149,9 @@ fn generated(inputs: usize, outputs: usize, order: Order, unit_bytes: u64) -> St
                 "fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {{\n    \
                  let per = (arrayLength(&a0) / {upb}u + {m}u) / {inputs}u;\n    \
                  let q = (per + {a}u) / {align}u * {align}u * {upb}u;\n    \
-                 let c = wid.y;\n    let i = c * q + gid.x;\n    \
-                 if gid.x >= q || i >= arrayLength(&o0) {{\n        return;\n    }}",
+                 let c = wid.y;\n    let j = gid.x + gid.z * groups.x * 64u;\n    \
+                 let i = c * q + j;\n    \
+                 if j >= q || i >= arrayLength(&o0) {{\n        return;\n    }}",
                 m = inputs.saturating_sub(1),
                 a = align.saturating_sub(1),
             );
@@ -162,13 +163,14 @@ fn generated(inputs: usize, outputs: usize, order: Order, unit_bytes: u64) -> St
             s.push_str(
                 "fn run(gid: vec3<u32>, groups: vec3<u32>, wid: vec3<u32>) {\n    \
                  let q = arrayLength(&o0);\n    \
-                 let c = wid.y;\n    let i = c * q + gid.x;\n    \
-                 if gid.x >= q {\n        return;\n    }\n",
+                 let c = wid.y;\n    let j = gid.x + gid.z * groups.x * 64u;\n    \
+                 let i = c * q + j;\n    \
+                 if j >= q {\n        return;\n    }\n",
             );
             rotated(&mut s);
             s.push_str("    switch c {\n");
             for j in 0..outputs {
-                let _ = writeln!(s, "        case {j}u: {{ o{j}[gid.x] = acc; }}");
+                let _ = writeln!(s, "        case {j}u: {{ o{j}[j] = acc; }}");
             }
             s.push_str("        default: {}\n    }\n}\n");
         }
@@ -339,7 +341,8 @@ impl DirectReducer {
     }
 
     /// Records a rotating reduction (see `generated`): `parts` rows of
-    /// `part_units` units each, one workgroup row per part.
+    /// `part_units` units each, one workgroup row per part (a row longer
+    /// than the adapter allows goes on in z).
     pub(crate) fn encode_parts(
         &self,
         dev: &RankDevice,
@@ -350,17 +353,22 @@ impl DirectReducer {
         stamps: Option<(wgpu::QuerySet, u32)>,
     ) -> Result<()> {
         let bind = self.bind(dev, windows)?;
-        let x = part_units.div_ceil(WORKGROUP);
-        if x == 0 {
+        let groups = part_units.div_ceil(WORKGROUP);
+        if groups == 0 {
             return Ok(());
         }
+        // A part longer than one dimension's workgroups (65535 x 64 units
+        // on most GPUs: a 256 MiB all-reduce over 4 ranks) continues in z.
+        let max = u64::from(dev.limits.max_compute_workgroups_per_dimension.max(1));
+        let x = groups.min(max);
+        let z = groups.div_ceil(x);
         let mut pass = enc.begin_compute_pass(&pass_descriptor(stamps.as_ref()));
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(
             u32::try_from(x).unwrap_or(u32::MAX),
             u32::try_from(parts).unwrap_or(u32::MAX),
-            1,
+            u32::try_from(z).unwrap_or(u32::MAX),
         );
         Ok(())
     }
