@@ -248,3 +248,31 @@ fn an_auto_placement_is_chosen_by_timing_both() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The host ring is timed (and so can be chosen) only where the host's
+/// fold gave the adapter's bits, as the table records: on lavapipe it
+/// does; on a GPU that flushes subnormals or divides approximately it
+/// must not be offered, or another placement would give other bits.
+#[test]
+fn the_host_ring_is_offered_only_where_the_host_folds_the_adapters_bits() {
+    let dir = cache("same-bits");
+    let w = World::new(config(&dir, Tune::Measure)).expect("a tuned world");
+    let table = w.tuning_table().expect("a table").to_string();
+    let said: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("host-fold "))
+        .collect();
+    assert_eq!(said.len(), 1, "{table}");
+    let timed = table
+        .lines()
+        .any(|l| l.starts_with("all_reduce host-ring "));
+    match said[0] {
+        "host-fold same-bits" => assert!(timed, "the host ring was not timed: {table}"),
+        "host-fold other-bits" => assert!(!timed, "the host ring was timed: {table}"),
+        other => panic!("{other}"),
+    }
+    // Whatever was chosen, the ranks agree with the reference.
+    assert_eq!(sums(&w)[1][2].0, vec![3.0; 300_000]);
+    drop(w);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,6 +33,7 @@ use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
+use crate::runtime::same_bits;
 use crate::runtime::shared;
 use crate::runtime::tune::{Cost, Entry, Table};
 use crate::transport::MakePlace;
@@ -138,21 +139,27 @@ pub(crate) fn table_for(
         }
     }
     let start = Instant::now();
+    let tuning = &agreed(first, n, tuning)?;
     let entries = measure(config, devices, meets, tuning, &KINDS)?;
-    Ok(Some(keep(config, first, n, meets, entries, start)))
+    Ok(Some(keep(
+        config,
+        (first, n, meets),
+        entries,
+        tuning.host_fold,
+        start,
+    )))
 }
 
 /// The table of `entries`, measured since `start` for `n` ranks on
 /// `first`'s adapter, logged and cached.
 fn keep(
     config: &WorldConfig,
-    first: &RankDevice,
-    n: usize,
-    meets: bool,
+    (first, n, meets): (&RankDevice, usize, bool),
     entries: Vec<Entry>,
+    host_fold: bool,
     start: Instant,
 ) -> Tuned {
-    let table = Table { entries };
+    let table = Table { entries, host_fold };
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         entries = table.entries.len(),
@@ -175,6 +182,16 @@ fn keep(
         text,
         path,
     }
+}
+
+/// `tuning`, offering the host ring only where the host folds `first`'s
+/// bits (`runtime/same_bits.rs`), as measured on it.
+fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
+    let ranks = u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(Tuning {
+        host_fold: same_bits::host_fold_agrees(first, ranks)?,
+        ..tuning.clone()
+    })
 }
 
 /// The process-wide turn to measure (or read what the last turn cached).
@@ -246,6 +263,7 @@ pub(crate) fn placement_for(
         }
     }
     let start = Instant::now();
+    let tuning = agreed(&first, n, &tuning)?;
     let ar = [Kind::AllReduce];
     let on_shared = measure(&shared_cfg, &devices, true, &tuning, &ar)?;
     let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
@@ -292,7 +310,13 @@ pub(crate) fn placement_for(
         (apart, apart_cfg, on_apart)
     };
     entries.extend(measure(&cfg, &devices, keep_shared, &tuning, &rest)?);
-    let tuned = keep(&cfg, &first, n, keep_shared, entries, start);
+    let tuned = keep(
+        &cfg,
+        (&first, n, keep_shared),
+        entries,
+        tuning.host_fold,
+        start,
+    );
     if let Some(path) = &choice_path {
         let text = format!(
             "{CHOICE}\nkey {choice_key}\nshared {shared_total:e}\nper-rank {apart_total:e}\nend\n"
@@ -452,7 +476,7 @@ fn measure(
     let start = Instant::now();
     let mut runs: Vec<Timing> = Vec::new();
     for plan in Plan::ALL {
-        if plan == Plan::Direct && !meets {
+        if (plan == Plan::Direct && !meets) || (plan == Plan::HostRing && !tuning.host_fold) {
             continue;
         }
         let offered: Vec<Kind> = kinds

@@ -518,6 +518,10 @@ impl World {
             }
         };
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
+        if let Some(t) = &tuned {
+            // Measured, not assumed from the adapter's type.
+            tuning.host_fold = t.table.host_fold;
+        }
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
         let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
         world.tuned = tuned;

@@ -17,6 +17,7 @@ pub(crate) mod planner;
 pub(crate) mod prims;
 pub(crate) mod profile;
 pub(crate) mod progress;
+pub(crate) mod same_bits;
 pub(crate) mod shared;
 pub(crate) mod split;
 pub(crate) mod tune;

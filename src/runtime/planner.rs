@@ -24,8 +24,10 @@ pub(crate) struct Tuning {
     pub plan: Option<Plan>,
     pub cost: CostModel,
     pub rates: Rates,
-    /// Whether the ring between ranks of their own devices folds on the
-    /// host (`algo/fold.rs`): where rank 0's adapter is the CPU.
+    /// Whether the ring between ranks of their own devices may fold on
+    /// the host (`algo/fold.rs`): in a tuned world, where the host folded
+    /// rank 0's adapter's bits (`same_bits.rs`); untuned, by the rule
+    /// that it does where the adapter is the CPU.
     pub host_fold: bool,
     /// What timing the plans on the world's devices found (`tune.rs`),
     /// when the world was tuned: it chooses where it has the kind.
@@ -144,7 +146,12 @@ pub(crate) fn choose(
             .len
             .zip(what.dtype())
             .and_then(|(len, dtype)| len.checked_mul(dtype.size()));
-        let allowed = |p: Plan| offers.contains(&p) && (p != Plan::Direct || direct_ok);
+        // The host ring only where the host folds this adapter's bits.
+        let allowed = |p: Plan| {
+            offers.contains(&p)
+                && (p != Plan::Direct || direct_ok)
+                && (p != Plan::HostRing || tuning.host_fold)
+        };
         if let Some(p) = bytes.and_then(|b| table.choose(kind, b, allowed)) {
             return Ok(p);
         }

@@ -122,6 +122,9 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Table {
     pub entries: Vec<Entry>,
+    /// Whether the host's fold gave the adapter's kernels' bits
+    /// (`same_bits.rs`): the host ring is offered only then.
+    pub host_fold: bool,
 }
 
 impl Table {
@@ -196,6 +199,11 @@ impl Table {
             }
             s += "\n";
         }
+        s += if self.host_fold {
+            "host-fold same-bits\n"
+        } else {
+            "host-fold other-bits\n"
+        };
         s + "end\n"
     }
 
@@ -211,6 +219,7 @@ impl Table {
             None => return Err("no key line".into()),
         }
         let mut entries = Vec::new();
+        let mut host_fold = None;
         let mut ended = false;
         for (i, line) in lines.enumerate() {
             if ended {
@@ -219,6 +228,17 @@ impl Table {
             if line == "end" {
                 ended = true;
                 continue;
+            }
+            match line.strip_prefix("host-fold ") {
+                Some("same-bits") => {
+                    host_fold = Some(true);
+                    continue;
+                }
+                Some("other-bits") => {
+                    host_fold = Some(false);
+                    continue;
+                }
+                _ => {}
             }
             let bad = || format!("line {}: {line:?}", i.saturating_add(3));
             let mut f = line.split_whitespace();
@@ -245,7 +265,8 @@ impl Table {
             // Cut short: a line may have lost its last digits.
             return Err("no end line (truncated?)".into());
         }
-        Ok(Table { entries })
+        let host_fold = host_fold.ok_or("no host-fold line")?;
+        Ok(Table { entries, host_fold })
     }
 }
 
@@ -300,6 +321,7 @@ mod tests {
                     cost: cost(&[(0.0, 0.0)]),
                 },
             ],
+            host_fold: true,
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 1024, |_| true),
@@ -337,6 +359,7 @@ mod tests {
                     cost: host,
                 },
             ],
+            host_fold: true,
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 16 << 20, |_| true),
@@ -361,6 +384,7 @@ mod tests {
                 plan: Plan::HostRing,
                 cost: cost(&[(4096.0, 1e-3 + 4096e-9), (16777216.0, 1e-3 + 16777216e-9)]),
             }],
+            host_fold: true,
         };
         let base = CostModel {
             alpha: std::time::Duration::from_micros(7),
@@ -386,10 +410,17 @@ mod tests {
                 plan: Plan::Direct,
                 cost: cost(&[(4096.0, 1.5e-5), (65536.0, 3.25e-4)]),
             }],
+            host_fold: true,
         };
         let text = t.to_text("llvmpipe|4 ranks");
-        assert_eq!(Table::from_text(&text, "llvmpipe|4 ranks"), Ok(t));
+        assert_eq!(Table::from_text(&text, "llvmpipe|4 ranks"), Ok(t.clone()));
         assert!(Table::from_text(&text, "llvmpipe|8 ranks").is_err());
+        let other = Table {
+            host_fold: false,
+            ..t.clone()
+        };
+        let back = Table::from_text(&other.to_text("k"), "k");
+        assert_eq!(back.map(|b| b.host_fold), Ok(false));
         for junk in [
             "",
             "hello",
@@ -398,6 +429,7 @@ mod tests {
             &text.replace("3.25e-4", "-3.25e-4"),
             &text[..text.len() - 9],
             &text.replace("end\n", ""),
+            &text.replace("host-fold same-bits\n", ""),
         ] {
             assert!(
                 Table::from_text(junk, "llvmpipe|4 ranks").is_err(),
