@@ -276,3 +276,43 @@ fn the_host_ring_is_offered_only_where_the_host_folds_the_adapters_bits() {
     drop(w);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The planner takes what the (cached) table says is fastest at each
+/// size, but not the one-shot past 4x the largest size it was timed at:
+/// it holds every rank's contribution at once (on an H200 the line
+/// through its 16 MiB time chose it at 1 GiB, and its room was refused).
+#[test]
+fn a_cached_table_decides_but_not_the_one_shot_far_past_its_timed_sizes() {
+    let dir = cache("one-shot");
+    drop(World::new(config(&dir, Tune::Measure)).expect("a tuned world"));
+    let f = files(&dir);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let text = std::fs::read_to_string(&f[0]).expect("the table");
+    // The same key, and a table of our own: the one-shot cheapest, but
+    // timed at 4 KiB only; the device ring dear.
+    let key = text.lines().nth(1).expect("a key line");
+    let host_fold = text
+        .lines()
+        .find(|l| l.starts_with("host-fold "))
+        .expect("a host-fold line");
+    let ours = format!(
+        "wgpu-collectives tuning 2\n{key}\n\
+         all_reduce one-shot 1024:1e-6 4096:2e-6\n\
+         all_reduce device-ring 1024:1 4096:2 1048576:3\n\
+         {host_fold}\nend\n"
+    );
+    std::fs::write(&f[0], &ours).expect("our table");
+    let w = World::new(config(&dir, Tune::Cached)).expect("a world from our table");
+    assert_eq!(w.tuning_table(), Some(ours.as_str()));
+    let got = sums(&w);
+    for rank in &got {
+        // 1 and 1000 elements (4 and 4000 bytes): the one-shot, as timed.
+        assert_eq!(rank[0].1, Some(Plan::OneShot), "{got:?}");
+        assert_eq!(rank[1].1, Some(Plan::OneShot), "{got:?}");
+        // 1.2 MB: past 4x 4 KiB, so the device ring, dear as it is.
+        assert_eq!(rank[2].1, Some(Plan::DeviceRing), "{got:?}");
+        assert_eq!(rank[2].0, vec![3.0; 300_000]);
+    }
+    drop(w);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -146,14 +146,24 @@ pub(crate) fn choose(
             .len
             .zip(what.dtype())
             .and_then(|(len, dtype)| len.checked_mul(dtype.size()));
-        // The host ring only where the host folds this adapter's bits.
-        let allowed = |p: Plan| {
-            offers.contains(&p)
-                && (p != Plan::Direct || direct_ok)
-                && (p != Plan::HostRing || tuning.host_fold)
-        };
-        if let Some(p) = bytes.and_then(|b| table.choose(kind, b, allowed)) {
-            return Ok(p);
+        if let Some(bytes) = bytes {
+            // The host ring only where the host folds this adapter's bits.
+            // The one-shot holds n contributions at once: not past 4x the
+            // largest size it was timed at (an H200 timed it fastest at
+            // 16 MiB, and the line through that chose it at 1 GiB, where
+            // its 2 GiB of room was more than the device would give).
+            let allowed = |p: Plan| {
+                offers.contains(&p)
+                    && (p != Plan::Direct || direct_ok)
+                    && (p != Plan::HostRing || tuning.host_fold)
+                    && (p != Plan::OneShot
+                        || table
+                            .largest(kind, p)
+                            .is_some_and(|b| bytes as f64 <= 4.0 * b))
+            };
+            if let Some(p) = table.choose(kind, bytes, allowed) {
+                return Ok(p);
+            }
         }
     }
     // A collective whose plans the cost model prices: today's all-reduce.

@@ -144,6 +144,14 @@ impl Table {
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
+    /// The largest size (bytes per rank) `plan` was timed at for `kind`.
+    pub(crate) fn largest(&self, kind: Kind, plan: Plan) -> Option<f64> {
+        self.entries
+            .iter()
+            .find(|e| e.kind == kind && e.plan == plan)
+            .and_then(|e| e.cost.points().last().map(|p| p.0))
+    }
+
     /// The plan of `kind` costed lowest at `bytes`, among those `allowed`.
     pub(crate) fn choose(
         &self,
