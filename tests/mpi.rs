@@ -333,7 +333,75 @@ fn main() -> ExitCode {
         ("one rank issues another length", mismatch),
     ];
     let mut failed = false;
-    for (name, f) in &checks {
+    // Every process decides from one tuning table (process 0's): the
+    // same text everywhere, and the same plan on every rank for a call.
+    let table = world.tuning_table().unwrap_or_default().to_string();
+    let one_table = move |c: &Communicator| -> Check {
+        if table.is_empty() {
+            return Err("this world was not tuned".into());
+        }
+        let h = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let mine = c
+            .tensor(&[h as u32, (h >> 32) as u32])
+            .map_err(|e| fail("the table's hash", e))?;
+        let all = c
+            .all_gather(&mine)
+            .and_then(|w| w.wait())
+            .and_then(|t| t.to_vec::<u32>())
+            .map_err(|e| fail("the tables' hashes", e))?;
+        if all.chunks(2).any(|p| p != [h as u32, (h >> 32) as u32]) {
+            return Err(format!("the ranks hold different tuning tables: {all:?}"));
+        }
+        for len in [1usize, 1000, 300_000] {
+            let x = c
+                .tensor(&vec![1.0f32; len])
+                .map_err(|e| fail("all_reduce", e))?;
+            let work = c
+                .all_reduce(&x, ReduceOp::Sum)
+                .map_err(|e| fail("all_reduce", e))?;
+            let y = work
+                .wait()
+                .and_then(|t| t.to_vec::<f32>())
+                .map_err(|e| fail("all_reduce", e))?;
+            check(
+                &format!("all_reduce len {len}"),
+                ReduceOp::Sum,
+                &y,
+                &vec![c.size() as f32; len],
+            );
+            let plan = c.flight_record().ranks[c.rank()]
+                .last()
+                .and_then(|e| e.plan)
+                .map_or(u32::MAX, |p| {
+                    wgpu_collectives::Plan::ALL
+                        .iter()
+                        .position(|&q| q == p)
+                        .unwrap_or(0) as u32
+                });
+            let plans = c
+                .tensor(&[plan])
+                .and_then(|t| c.all_gather(&t))
+                .and_then(|w| w.wait())
+                .and_then(|t| t.to_vec::<u32>())
+                .map_err(|e| fail("the plans", e))?;
+            if plans.iter().any(|&p| p != plan) {
+                return Err(format!(
+                    "len {len}: the ranks ran different plans: {plans:?}"
+                ));
+            }
+        }
+        Ok(())
+    };
+    let mut named: Vec<(&str, Box<dyn Fn(&Communicator) -> Check + Sync>)> =
+        vec![("one tuning table everywhere", Box::new(one_table))];
+    named.extend(
+        checks
+            .iter()
+            .map(|&(n, f)| (n, Box::new(f) as Box<dyn Fn(&Communicator) -> Check + Sync>)),
+    );
+    for (name, f) in &named {
         let start = Instant::now();
         let results =
             world.run(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))));

@@ -68,7 +68,7 @@ impl Tune {
 }
 
 /// The collectives timed, and the sizes (bytes per rank).
-const KINDS: [Kind; 4] = [
+pub(crate) const KINDS: [Kind; 4] = [
     Kind::AllReduce,
     Kind::ReduceScatter,
     Kind::AllGather,
@@ -186,7 +186,7 @@ fn keep(
 
 /// `tuning`, offering the host ring only where the host folds `first`'s
 /// bits (`runtime/same_bits.rs`), as measured on it.
-fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
+pub(crate) fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
     let ranks = u32::try_from(n).unwrap_or(u32::MAX);
     Ok(Tuning {
         host_fold: same_bits::host_fold_agrees(first, ranks)?,
@@ -371,10 +371,14 @@ fn read_choice(path: &Path, key: &str) -> Option<bool> {
 /// device when `meets`), when there is a good one; a bad one is warned
 /// of (and measured again by the caller).
 fn cached(config: &WorldConfig, first: &RankDevice, n: usize, meets: bool) -> Option<Tuned> {
-    let key = key(first, n, meets);
-    let path = config.tune_cache()?.join(file_name(&key));
+    cached_under(config, &key(first, n, meets))
+}
+
+/// The cached table measured under `key`, when there is a good one.
+pub(crate) fn cached_under(config: &WorldConfig, key: &str) -> Option<Tuned> {
+    let path = config.tune_cache()?.join(file_name(key));
     match std::fs::read_to_string(&path) {
-        Ok(text) => match Table::from_text(&text, &key) {
+        Ok(text) => match Table::from_text(&text, key) {
             Ok(table) => {
                 tracing::info!(path = %path.display(), "world: tuning table from the cache");
                 Some(Tuned {
@@ -402,7 +406,7 @@ fn cached(config: &WorldConfig, first: &RankDevice, n: usize, meets: bool) -> Op
 }
 
 /// What a table is measured under, on one line.
-fn key(first: &RankDevice, n: usize, meets: bool) -> String {
+pub(crate) fn key(first: &RankDevice, n: usize, meets: bool) -> String {
     let i = &first.info;
     format!(
         "{} | {} {} | {:?} | {n} ranks | {} | {}",
@@ -417,7 +421,7 @@ fn key(first: &RankDevice, n: usize, meets: bool) -> String {
 }
 
 /// The cache file's name for `key`.
-fn file_name(key: &str) -> String {
+pub(crate) fn file_name(key: &str) -> String {
     format!(
         "{:016x}.tune",
         crate::hash::fnv1a(key.bytes().map(u64::from))
@@ -426,7 +430,7 @@ fn file_name(key: &str) -> String {
 
 /// Writes `text` to `path` whole: into a temporary file beside it, then
 /// renamed over it.
-fn store(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn store(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let nanos = std::time::SystemTime::now()
@@ -473,9 +477,46 @@ fn measure(
     kinds: &[Kind],
 ) -> Result<Vec<Entry>> {
     let n = devices.len();
+    let here = Over {
+        ranks: (0, n),
+        links: &|_| Ok(mesh(n, meets.then_some(shared::place as MakePlace))),
+        agree: &|v| Ok(v),
+    };
+    measure_over(config, devices, meets, tuning, kinds, &here)
+}
+
+/// Where the plans are timed: the world's ranks (the first here, and how
+/// many in all), the links of the world timing plan number `i`, and the
+/// agreement of every process on a figure (the largest any measured), so
+/// that every process times the same calls in the same order.
+pub(crate) struct Over<'a> {
+    pub ranks: (usize, usize),
+    pub links: &'a dyn Fn(usize) -> Result<Vec<Arc<crate::runtime::hop::Link>>>,
+    pub agree: &'a dyn Fn(f64) -> Result<f64>,
+}
+
+/// [`measure`], over `over`: a world of this process's ranks, or of
+/// several processes' (`world_mpi.rs`).
+pub(crate) fn measure_over(
+    config: &WorldConfig,
+    devices: &[Arc<RankDevice>],
+    meets: bool,
+    tuning: &Tuning,
+    kinds: &[Kind],
+    over: &Over<'_>,
+) -> Result<Vec<Entry>> {
     let start = Instant::now();
+    // A plan that did not run, or not at this size, is infinitely slow.
+    let agreed_time = |w: &World, kind, bytes, plan, iters| -> Result<Option<f64>> {
+        let secs = time(w, kind, bytes, plan, iters)?.unwrap_or(f64::INFINITY);
+        let all = (over.agree)(secs)?;
+        Ok(all.is_finite().then_some(all))
+    };
+    let spent = || -> Result<bool> {
+        Ok((over.agree)(start.elapsed().as_secs_f64())? > BUDGET.as_secs_f64())
+    };
     let mut runs: Vec<Timing> = Vec::new();
-    for plan in Plan::ALL {
+    for (i, plan) in Plan::ALL.into_iter().enumerate() {
         if (plan == Plan::Direct && !meets) || (plan == Plan::HostRing && !tuning.host_fold) {
             continue;
         }
@@ -492,16 +533,16 @@ fn measure(
             table: None,
             ..tuning.clone()
         };
-        let links = mesh(n, meets.then_some(shared::place as MakePlace));
+        let links = (over.links)(i)?;
         let mut config = config.clone().with_plan(Some(plan));
         config.quiet = true;
-        let w = World::assemble_with(None, devices.to_vec(), links, &config, (0, n), forced)?;
+        let w = World::assemble_with(None, devices.to_vec(), links, &config, over.ranks, forced)?;
         // Every kind once first: its kernels compile on first use, which
         // would count as part of its smallest size's time. A kind that
         // runs another plan here is not timed under this one.
         let mut timed = Vec::new();
         for kind in offered {
-            if time(&w, kind, SIZES[0], plan, 1)?.is_some() {
+            if agreed_time(&w, kind, SIZES[0], plan, 1)?.is_some() {
                 timed.push((kind, Vec::new()));
             }
         }
@@ -540,7 +581,7 @@ fn measure(
         }
         turn.sort_by(|a, b| a.2.total_cmp(&b.2));
         for (r, k, _) in turn {
-            if bytes > 1 << 20 && start.elapsed() > BUDGET {
+            if bytes > 1 << 20 && spent()? {
                 tracing::debug!(bytes, "world: tuning's budget spent");
                 break;
             }
@@ -550,7 +591,7 @@ fn measure(
             let Some((kind, points)) = timed.get_mut(k) else {
                 continue;
             };
-            if let Some(secs) = time(w, *kind, bytes, *plan, iters)? {
+            if let Some(secs) = agreed_time(w, *kind, bytes, *plan, iters)? {
                 tracing::debug!(
                     kind = kind.name(),
                     plan = plan.name(),

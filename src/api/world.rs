@@ -346,7 +346,7 @@ pub struct World {
     pub(crate) health: Arc<Health>,
     tuning: Tuning,
     /// What tuning measured or read, when the world was tuned.
-    tuned: Option<Tuned>,
+    pub(crate) tuned: Option<Tuned>,
     /// Set while a `run` is in progress (see [`World::run`]).
     running: AtomicBool,
     /// The placement in force: `SharedDevice` when every rank shares one

@@ -20,6 +20,7 @@ use crossbeam::channel::RecvTimeoutError;
 
 use crate::api::bootstrap::{check, devices_on, find_adapters};
 use crate::api::placement::Placement;
+use crate::api::tune::{self, Over, Tune, Tuned};
 use crate::api::world::{MAX_RANKS, World, WorldConfig};
 use crate::device::lock;
 use crate::error::{Error, Result};
@@ -28,6 +29,7 @@ use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
+use crate::runtime::tune::Table;
 use crate::transport::mpi::hub::{Hub, Notice, Route};
 use crate::transport::mpi::{Layout, ends, split_id};
 
@@ -171,22 +173,44 @@ impl World {
             what: "a world needs at least one rank".into(),
         })?;
         // Decisions must match across processes: process 0's figures
-        // (its cost model, and whether its adapter folds on the host).
-        let measured = config.tuning(first)?;
+        // (its cost model, and whether the host folds its adapter's bits).
+        let mut measured = config.tuning(first)?;
+        let tunes = config.tune()? != Tune::Off
+            && total >= 2
+            && measured.plan.is_none()
+            && measured.algorithm == Algorithm::Auto;
+        if tunes {
+            measured = tune::agreed(first, total, &measured)?;
+        }
         let figures = hub
             .all_gather(measured.figures(), config.timeout())
             .map_err(|what| Error::Transport {
                 process: Some(process),
                 what,
             })?;
-        let tuning = measured.clone().with_figures(&figures).unwrap_or(measured);
+        let mut tuning = measured.clone().with_figures(&figures).unwrap_or(measured);
 
         let group = split_id(u64::MAX, number, u32::MAX);
+        let process_of: Vec<usize> = (0..total)
+            .map(|r| r.checked_div(local).unwrap_or(0))
+            .collect();
+        let place = Place {
+            hub: &hub,
+            number,
+            process_of: &process_of,
+            local: (base, local),
+        };
+        // Process 0's table for every process: cached, or timed on the
+        // world's own devices and links by all of them at once.
+        let tuned = if tunes {
+            Some(tuned_over(&place, &config, &devices, &tuning)?)
+        } else {
+            None
+        };
+        tuning.table = tuned.as_ref().map(|t| t.table.clone());
         let layout = Layout {
             group,
-            process_of: (0..total)
-                .map(|r| r.checked_div(local).unwrap_or(0))
-                .collect(),
+            process_of: process_of.clone(),
         };
         let links: Vec<Arc<Link>> = ends::<Fingerprint>(&hub, layout)
             .into_iter()
@@ -199,6 +223,7 @@ impl World {
             })?;
         let config = config.with_placement(Placement::DevicePerRank);
         let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
+        world.tuned = tuned;
         pass_failures_on(&hub, group, local, &world.health);
         // A process that dies says nothing: the others notice its silence
         // within half the timeout, before their own waits run out.
@@ -285,4 +310,145 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no thread for failures from other processes: they will be seen at deadlines");
     }
+}
+
+/// Where a world over MPI lives: the hub, its number, which process
+/// holds each rank, and this process's (first rank, rank count).
+struct Place<'a> {
+    hub: &'a Arc<Hub>,
+    number: u64,
+    process_of: &'a [usize],
+    local: (usize, usize),
+}
+
+/// The tuning table every process of the world uses: process 0's cached
+/// one, or one timed by every process together over links of the world's
+/// own kind (each plan's world a group of its own), every timing agreed
+/// (the slowest process's) so that every process times the same calls;
+/// process 0's text is then every process's, and process 0 caches it.
+fn tuned_over(
+    place: &Place<'_>,
+    config: &WorldConfig,
+    devices: &[Arc<crate::device::RankDevice>],
+    tuning: &crate::runtime::planner::Tuning,
+) -> Result<Tuned> {
+    let hub = place.hub;
+    let process = hub.process;
+    let total = place.process_of.len();
+    let limit = config.timeout();
+    let transport = |what: String| Error::Transport {
+        process: Some(process),
+        what,
+    };
+    let first = devices.first().ok_or_else(|| Error::InvalidArgument {
+        rank: None,
+        what: "a world needs at least one rank".into(),
+    })?;
+    let key = format!(
+        "{} | {} processes",
+        tune::key(first, total, false),
+        hub.processes
+    );
+    let cached = (process == 0 && config.tune()? == Tune::Cached)
+        .then(|| tune::cached_under(config, &key))
+        .flatten();
+    let text = match share_text(hub, cached.as_ref().map(|t| t.text.as_str()), limit)
+        .map_err(transport)?
+    {
+        Some(text) => text,
+        None => {
+            let (base, local) = place.local;
+            let links = |i: usize| -> Result<Vec<Arc<Link>>> {
+                let layout = Layout {
+                    group: split_id(u64::MAX - 1, place.number, u32::try_from(i).unwrap_or(0)),
+                    process_of: place.process_of.to_vec(),
+                };
+                ends::<Fingerprint>(hub, layout)
+                    .into_iter()
+                    .skip(base)
+                    .take(local)
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| transport("a rank of this process has no link".into()))
+            };
+            let agree = |v: f64| -> Result<f64> {
+                let all = hub
+                    .all_gather(vec![v.to_bits()], limit)
+                    .map_err(transport)?;
+                // Times are not negative: their bits order as they do.
+                Ok(f64::from_bits(all.into_iter().max().unwrap_or(0)))
+            };
+            let over = Over {
+                ranks: (base, total),
+                links: &links,
+                agree: &agree,
+            };
+            let entries = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
+            let mine = Table {
+                entries,
+                host_fold: tuning.host_fold,
+            }
+            .to_text(&key);
+            let text = share_text(hub, (process == 0).then_some(mine.as_str()), limit)
+                .map_err(transport)?
+                .ok_or_else(|| transport("process 0 sent no tuning table".into()))?;
+            if process == 0 {
+                if let Some(path) = config.tune_cache().map(|d| d.join(tune::file_name(&key))) {
+                    if let Err(e) = tune::store(&path, &text) {
+                        tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
+                    }
+                }
+            }
+            text
+        }
+    };
+    // Process 0's key, whatever this process's adapter is called.
+    let key0 = text
+        .lines()
+        .nth(1)
+        .and_then(|l| l.strip_prefix("key "))
+        .unwrap_or_default();
+    let table = Table::from_text(&text, key0)
+        .map_err(|why| transport(format!("process 0's tuning table: {why}")))?;
+    Ok(Tuned {
+        table: Arc::new(table),
+        path: cached.and_then(|t| t.path),
+        text,
+    })
+}
+
+/// Process 0's `text` (the others pass `None`), on every process; `None`
+/// when process 0 has none.
+fn share_text(
+    hub: &Hub,
+    text: Option<&str>,
+    limit: Duration,
+) -> std::result::Result<Option<String>, String> {
+    let len = text.map_or(0, |t| (t.len() as u64).saturating_add(1));
+    let lens = hub.all_gather(vec![len], limit)?;
+    let Some(bytes) = lens
+        .first()
+        .and_then(|l| l.checked_sub(1))
+        .and_then(|b| usize::try_from(b).ok())
+    else {
+        return Ok(None);
+    };
+    let words = bytes.div_ceil(8);
+    let mut mine = vec![0u64; words];
+    if let Some(t) = text.filter(|t| t.len() == bytes) {
+        for (w, chunk) in mine.iter_mut().zip(t.as_bytes().chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *w = u64::from_le_bytes(b);
+        }
+    }
+    let all = hub.all_gather(mine, limit)?;
+    let first: Vec<u8> = all
+        .iter()
+        .take(words)
+        .flat_map(|w| w.to_le_bytes())
+        .take(bytes)
+        .collect();
+    String::from_utf8(first)
+        .map(Some)
+        .map_err(|_| "process 0's tuning table is not text".into())
 }
