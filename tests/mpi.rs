@@ -21,6 +21,8 @@ use half::{bf16, f16};
 use wgpu_collectives::{Communicator, Error, ReduceOp, World, WorldConfig};
 
 type Check = Result<(), String>;
+/// A check every rank runs, made at run time.
+type CheckFn = dyn Fn(&Communicator) -> Check + Sync;
 /// A named check every rank runs.
 type Named = (&'static str, fn(&Communicator) -> Check);
 
@@ -394,12 +396,12 @@ fn main() -> ExitCode {
         }
         Ok(())
     };
-    let mut named: Vec<(&str, Box<dyn Fn(&Communicator) -> Check + Sync>)> =
+    let mut named: Vec<(&str, Box<CheckFn>)> =
         vec![("one tuning table everywhere", Box::new(one_table))];
     named.extend(
         checks
             .iter()
-            .map(|&(n, f)| (n, Box::new(f) as Box<dyn Fn(&Communicator) -> Check + Sync>)),
+            .map(|&(n, f)| (n, Box::new(f) as Box<CheckFn>)),
     );
     for (name, f) in &named {
         let start = Instant::now();
