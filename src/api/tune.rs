@@ -31,6 +31,7 @@ use crate::runtime::collectives::broadcast::Broadcast;
 use crate::runtime::collectives::reduce_scatter::ReduceScatter;
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Kind;
+use crate::runtime::kernel_shape;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
 use crate::runtime::same_bits;
@@ -145,7 +146,7 @@ pub(crate) fn table_for(
         config,
         (first, n, meets),
         entries,
-        tuning.host_fold,
+        tuning,
         start,
     )))
 }
@@ -156,10 +157,14 @@ fn keep(
     config: &WorldConfig,
     (first, n, meets): (&RankDevice, usize, bool),
     entries: Vec<Entry>,
-    host_fold: bool,
+    tuning: &Tuning,
     start: Instant,
 ) -> Tuned {
-    let table = Table { entries, host_fold };
+    let table = Table {
+        entries,
+        host_fold: tuning.host_fold,
+        units: tuning.units,
+    };
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         entries = table.entries.len(),
@@ -184,11 +189,14 @@ fn keep(
     }
 }
 
-/// `tuning`, offering the host ring only where the host folds `first`'s
-/// bits (`runtime/same_bits.rs`), as measured on it.
+/// `tuning` with what is measured on `first` before any plan is timed:
+/// the reduction kernel's fastest shape (`runtime/kernel_shape.rs`, set on
+/// `first`'s kernels), and whether the host folds its bits
+/// (`runtime/same_bits.rs`: the host ring is offered only then).
 pub(crate) fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
     let ranks = u32::try_from(n).unwrap_or(u32::MAX);
     Ok(Tuning {
+        units: kernel_shape::fastest(first)?,
         host_fold: same_bits::host_fold_agrees(first, ranks)?,
         ..tuning.clone()
     })
@@ -310,13 +318,7 @@ pub(crate) fn placement_for(
         (apart, apart_cfg, on_apart)
     };
     entries.extend(measure(&cfg, &devices, keep_shared, &tuning, &rest)?);
-    let tuned = keep(
-        &cfg,
-        (&first, n, keep_shared),
-        entries,
-        tuning.host_fold,
-        start,
-    );
+    let tuned = keep(&cfg, (&first, n, keep_shared), entries, &tuning, start);
     if let Some(path) = &choice_path {
         let text = format!(
             "{CHOICE}\nkey {choice_key}\nshared {shared_total:e}\nper-rank {apart_total:e}\nend\n"

@@ -319,6 +319,7 @@ impl WorldConfig {
             cost: CostModel::measure(first)?,
             rates: Rates::measure(first)?,
             host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
+            units: 0,
             table: None,
         })
     }
@@ -521,6 +522,7 @@ impl World {
         if let Some(t) = &tuned {
             // Measured, not assumed from the adapter's type.
             tuning.host_fold = t.table.host_fold;
+            tuning.units = t.table.units;
         }
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
         let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
@@ -581,6 +583,12 @@ impl World {
         tuning: Tuning,
     ) -> Result<World> {
         let (base, n) = ranks;
+        if tuning.units != 0 {
+            // The kernel shape timed on rank 0's device, on every device.
+            for d in &devices {
+                d.kernels.set_units_per_invocation(tuning.units);
+            }
+        }
         if links.len() != devices.len() || base.saturating_add(devices.len()) > n {
             return Err(Error::InvalidArgument {
                 rank: None,

@@ -208,6 +208,9 @@ impl World {
             None
         };
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
+        if let Some(t) = &tuned {
+            tuning.units = t.table.units;
+        }
         let layout = Layout {
             group,
             process_of: process_of.clone(),
@@ -386,6 +389,7 @@ fn tuned_over(
             let mine = Table {
                 entries,
                 host_fold: tuning.host_fold,
+                units: tuning.units,
             }
             .to_text(&key);
             let text = share_text(hub, (process == 0).then_some(mine.as_str()), limit)

@@ -8,6 +8,7 @@
 //! should pay twice.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::device::{RankDevice, lock};
@@ -48,30 +49,42 @@ pub fn reduction_wgsl(dtype: DType) -> String {
     format!("{}\n{FOLD}\n{REDUCE}", prelude(dtype))
 }
 
-/// Units each invocation of the reduction kernel handles on a CPU adapter.
-/// There a workgroup costs a scheduling round trip of the driver's thread
-/// pool, so one unit per invocation loses; but a long grid-stride loop
-/// leaves a ring's 1 MiB slice to a handful of workgroups that the pool
-/// cannot balance, each striding through memory. A few units per
-/// invocation won in the all-reduce benchmark (figures in the README).
+/// Units each invocation of the reduction kernel handles on a CPU adapter,
+/// when the world was not tuned (a tuned world times the shapes,
+/// `runtime/kernel_shape.rs`). There a workgroup costs a scheduling round
+/// trip of the driver's thread pool, so one unit per invocation loses; but
+/// a long grid-stride loop leaves a ring's 1 MiB slice to a handful of
+/// workgroups that the pool cannot balance, each striding through memory.
+/// A few units per invocation won in the all-reduce benchmark on lavapipe
+/// (figures in docs/performance.md); never measured on a GPU.
 const CPU_UNITS_PER_INVOCATION: u64 = 4;
 
 /// Workgroups to dispatch for a `bytes`-byte reduction of `dtype` on an
-/// adapter of `device_type` that allows `max_groups` per dimension: one
-/// unit (16 bytes, 8 for 16-bit types) per invocation on GPUs, many on CPU
-/// adapters; the kernel's grid-stride loop covers whatever is left.
+/// adapter of `device_type` that allows `max_groups` per dimension, by the
+/// untuned rule: one unit (16 bytes, 8 for 16-bit types) per invocation on
+/// GPUs, a few on CPU adapters; the kernel's grid-stride loop covers
+/// whatever is left.
 pub fn reduction_workgroups(
     device_type: wgpu::DeviceType,
     dtype: DType,
     bytes: u64,
     max_groups: u32,
 ) -> u32 {
-    let per = match device_type {
+    workgroups(rule_units(device_type), dtype, bytes, max_groups)
+}
+
+/// Units per invocation by the untuned rule.
+fn rule_units(device_type: wgpu::DeviceType) -> u64 {
+    match device_type {
         wgpu::DeviceType::Cpu => CPU_UNITS_PER_INVOCATION,
         _ => 1,
-    };
+    }
+}
+
+/// Workgroups for `bytes` of `dtype` at `per` units per invocation.
+pub(crate) fn workgroups(per: u64, dtype: DType, bytes: u64, max_groups: u32) -> u32 {
     let units = bytes.checked_div(dtype.unit_bytes()).unwrap_or(0);
-    let groups = units.div_ceil(WORKGROUP.saturating_mul(per));
+    let groups = units.div_ceil(WORKGROUP.saturating_mul(per.max(1)));
     groups.clamp(1, u64::from(max_groups.max(1))) as u32
 }
 
@@ -82,6 +95,7 @@ pub(crate) struct Reducer {
     layout: wgpu::BindGroupLayout,
     dtype: DType,
     binds: Arc<Mutex<BindCache>>,
+    units: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -92,6 +106,8 @@ pub(crate) struct Kernels {
     binds: Arc<Mutex<BindCache>>,
     /// `shaders/patch_half.wgsl`, made on first use.
     patch: Mutex<Option<wgpu::ComputePipeline>>,
+    /// Units per invocation, as timed on this device; 0: by the rule.
+    units: Arc<AtomicU64>,
 }
 
 /// (dst, dst offset, src, src offset, bytes): the windows a reduction binds.
@@ -136,6 +152,12 @@ impl BindCache {
 }
 
 impl Kernels {
+    /// Makes the reduction kernel take `units` units per invocation (as
+    /// timed on this device); 0 goes back to the rule.
+    pub(crate) fn set_units_per_invocation(&self, units: u64) {
+        self.units.store(units, Ordering::Relaxed);
+    }
+
     /// The pipeline computing `dst = op(dst, src)`, then dividing by
     /// `divisor` when it is non-zero.
     pub(crate) fn reducer(
@@ -171,6 +193,7 @@ impl Kernels {
             layout,
             dtype,
             binds: self.binds.clone(),
+            units: self.units.clone(),
         };
         lock(&self.reducers).insert(key, r.clone());
         Ok(r)
@@ -331,8 +354,12 @@ impl Reducer {
             Some(b) => b,
             None => self.bind(dev, key)?,
         };
-        let groups = reduction_workgroups(
-            dev.info.device_type,
+        let per = match self.units.load(Ordering::Relaxed) {
+            0 => rule_units(dev.info.device_type),
+            timed => timed,
+        };
+        let groups = workgroups(
+            per,
             self.dtype,
             bytes,
             dev.limits.max_compute_workgroups_per_dimension,

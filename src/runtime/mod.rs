@@ -11,6 +11,7 @@ pub(crate) mod flight;
 pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod host_ring;
+pub(crate) mod kernel_shape;
 pub(crate) mod list;
 pub(crate) mod plan;
 pub(crate) mod planner;

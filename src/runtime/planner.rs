@@ -29,6 +29,9 @@ pub(crate) struct Tuning {
     /// rank 0's adapter's bits (`same_bits.rs`); untuned, by the rule
     /// that it does where the adapter is the CPU.
     pub host_fold: bool,
+    /// Units per invocation of the reduction kernel, as timed on rank 0's
+    /// device (`kernel_shape.rs`); 0: by the rule.
+    pub units: u64,
     /// What timing the plans on the world's devices found (`tune.rs`),
     /// when the world was tuned: it chooses where it has the kind.
     pub table: Option<Arc<Table>>,
@@ -44,6 +47,7 @@ impl Tuning {
             self.rates.host.to_bits(),
             self.rates.device.to_bits(),
             u64::from(self.host_fold),
+            self.units,
         ]);
         w
     }
@@ -52,13 +56,14 @@ impl Tuning {
     #[cfg(feature = "mpi")]
     pub(crate) fn with_figures(self, words: &[u64]) -> Option<Tuning> {
         match words {
-            [c0, c1, c2, host, device, fold, ..] => Some(Tuning {
+            [c0, c1, c2, host, device, fold, units, ..] => Some(Tuning {
                 cost: CostModel::from_words(&[*c0, *c1, *c2])?,
                 rates: Rates {
                     host: f64::from_bits(*host),
                     device: f64::from_bits(*device),
                 },
                 host_fold: *fold != 0,
+                units: *units,
                 ..self
             }),
             _ => None,

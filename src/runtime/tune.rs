@@ -125,6 +125,9 @@ pub(crate) struct Table {
     /// Whether the host's fold gave the adapter's kernels' bits
     /// (`same_bits.rs`): the host ring is offered only then.
     pub host_fold: bool,
+    /// Units per invocation the reduction kernel was timed fastest at
+    /// (`kernel_shape.rs`).
+    pub units: u64,
 }
 
 impl Table {
@@ -212,6 +215,7 @@ impl Table {
         } else {
             "host-fold other-bits\n"
         };
+        s += &format!("kernel-units {}\n", self.units);
         s + "end\n"
     }
 
@@ -228,6 +232,7 @@ impl Table {
         }
         let mut entries = Vec::new();
         let mut host_fold = None;
+        let mut units = None;
         let mut ended = false;
         for (i, line) in lines.enumerate() {
             if ended {
@@ -249,6 +254,10 @@ impl Table {
                 _ => {}
             }
             let bad = || format!("line {}: {line:?}", i.saturating_add(3));
+            if let Some(u) = line.strip_prefix("kernel-units ") {
+                units = Some(u.parse::<u64>().ok().filter(|&u| u > 0).ok_or_else(bad)?);
+                continue;
+            }
             let mut f = line.split_whitespace();
             let (Some(kind), Some(plan)) = (f.next(), f.next()) else {
                 return Err(bad());
@@ -274,7 +283,12 @@ impl Table {
             return Err("no end line (truncated?)".into());
         }
         let host_fold = host_fold.ok_or("no host-fold line")?;
-        Ok(Table { entries, host_fold })
+        let units = units.ok_or("no kernel-units line")?;
+        Ok(Table {
+            entries,
+            host_fold,
+            units,
+        })
     }
 }
 
@@ -330,6 +344,7 @@ mod tests {
                 },
             ],
             host_fold: true,
+            units: 4,
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 1024, |_| true),
@@ -368,6 +383,7 @@ mod tests {
                 },
             ],
             host_fold: true,
+            units: 4,
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 16 << 20, |_| true),
@@ -393,6 +409,7 @@ mod tests {
                 cost: cost(&[(4096.0, 1e-3 + 4096e-9), (16777216.0, 1e-3 + 16777216e-9)]),
             }],
             host_fold: true,
+            units: 4,
         };
         let base = CostModel {
             alpha: std::time::Duration::from_micros(7),
@@ -419,6 +436,7 @@ mod tests {
                 cost: cost(&[(4096.0, 1.5e-5), (65536.0, 3.25e-4)]),
             }],
             host_fold: true,
+            units: 4,
         };
         let text = t.to_text("llvmpipe|4 ranks");
         assert_eq!(Table::from_text(&text, "llvmpipe|4 ranks"), Ok(t.clone()));
@@ -438,6 +456,8 @@ mod tests {
             &text[..text.len() - 9],
             &text.replace("end\n", ""),
             &text.replace("host-fold same-bits\n", ""),
+            &text.replace("kernel-units 4\n", ""),
+            &text.replace("kernel-units 4\n", "kernel-units 0\n"),
         ] {
             assert!(
                 Table::from_text(junk, "llvmpipe|4 ranks").is_err(),
