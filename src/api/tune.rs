@@ -287,12 +287,13 @@ pub(crate) fn placement_for(
         }
     }
     let best = |entries: &[Entry], bytes: usize| {
-        entries
-            .iter()
-            .filter(|e| e.kind == Kind::AllReduce)
-            .map(|e| e.cost.at(bytes))
-            .min_by(f64::total_cmp)
-            .unwrap_or(f64::INFINITY)
+        let t = Table {
+            entries: entries.to_vec(),
+            host_fold: tuning.host_fold,
+            units: tuning.units,
+        };
+        t.best(Kind::AllReduce, bytes, |_| true)
+            .map_or(f64::INFINITY, |(_, secs)| secs)
     };
     let shared_total: f64 = sizes.iter().map(|&b| best(&on_shared, b)).sum();
     let apart_total: f64 = sizes.iter().map(|&b| best(&on_apart, b)).sum();

@@ -134,15 +134,29 @@ impl Table {
     /// The plan of `kind` costed lowest at `bytes`, among those
     /// `allowed`, with its cost in seconds; `None` when the table has
     /// none for it.
+    ///
+    /// A plan left untimed at a size others were timed at (pruned, or cut
+    /// by the budget) competes only up to 4x the largest size it was
+    /// timed at: beyond, its line runs on from small sizes where fixed
+    /// costs hid its per-byte cost (the host ring, timed at 4 and 64 KiB
+    /// only, was costed under the direct kernels at 1 MiB and chosen at
+    /// 0.44x their speed).
     pub(crate) fn best(
         &self,
         kind: Kind,
         bytes: usize,
         allowed: impl Fn(Plan) -> bool,
     ) -> Option<(Plan, f64)> {
-        self.entries
-            .iter()
-            .filter(|e| e.kind == kind && allowed(e.plan))
+        let timed = |e: &Entry| e.cost.points().last().map_or(0.0, |p| p.0);
+        let mine = || {
+            self.entries
+                .iter()
+                .filter(|e| e.kind == kind && allowed(e.plan))
+        };
+        let reach = mine().map(timed).fold(0.0, f64::max);
+        let need = (bytes as f64).min(reach);
+        mine()
+            .filter(|e| timed(e) * 4.0 >= need)
             .map(|e| (e.plan, e.cost.at(bytes)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
@@ -396,6 +410,45 @@ mod tests {
         assert_eq!(
             t.choose(Kind::AllReduce, 1 << 20, |_| true),
             Some(Plan::DeviceRing)
+        );
+    }
+
+    #[test]
+    fn a_plan_untimed_where_others_were_does_not_win_there_by_its_line() {
+        // Lavapipe, 4 ranks sharing a device: the host ring was pruned
+        // after 64 KiB; its line from there ran under the direct kernels.
+        let t = Table {
+            entries: vec![
+                Entry {
+                    kind: Kind::AllReduce,
+                    plan: Plan::Direct,
+                    cost: cost(&[
+                        (4096.0, 2.7e-4),
+                        (65536.0, 3.3e-4),
+                        (1048576.0, 1.97e-3),
+                        (16777216.0, 1.56e-2),
+                    ]),
+                },
+                Entry {
+                    kind: Kind::AllReduce,
+                    plan: Plan::HostRing,
+                    cost: cost(&[(4096.0, 1.09e-3), (65536.0, 1.12e-3)]),
+                },
+            ],
+            host_fold: true,
+            units: 4,
+        };
+        for bytes in [1usize << 20, 4 << 20, 64 << 20, 1 << 30] {
+            assert_eq!(
+                t.choose(Kind::AllReduce, bytes, |_| true),
+                Some(Plan::Direct),
+                "{bytes}"
+            );
+        }
+        // Where only the host ring may run, it is all there is.
+        assert_eq!(
+            t.choose(Kind::AllReduce, 1 << 20, |p| p == Plan::HostRing),
+            Some(Plan::HostRing)
         );
     }
 
