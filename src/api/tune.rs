@@ -175,13 +175,7 @@ fn keep(
     let path = config
         .tune_cache()
         .map(|dir| dir.join(file_name(&key)))
-        .filter(|path| match store(path, &text) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
-                false
-            }
-        });
+        .filter(|path| cache(path, &text, "the tuning table"));
     Tuned {
         table: Arc::new(table),
         text,
@@ -286,12 +280,13 @@ pub(crate) fn placement_for(
             break;
         }
     }
-    let best = |entries: &[Entry], bytes: usize| {
-        let t = Table {
-            entries: entries.to_vec(),
-            host_fold: tuning.host_fold,
-            units: tuning.units,
-        };
+    let table = |entries: Vec<Entry>| Table {
+        entries,
+        host_fold: tuning.host_fold,
+        units: tuning.units,
+    };
+    let (on_shared, on_apart) = (table(on_shared), table(on_apart));
+    let best = |t: &Table, bytes: usize| {
         t.best(Kind::AllReduce, bytes, |_| true)
             .map_or(f64::INFINITY, |(_, secs)| secs)
     };
@@ -314,9 +309,9 @@ pub(crate) fn placement_for(
     let rest: Vec<Kind> = KINDS.into_iter().filter(|k| !ar.contains(k)).collect();
     let (devices, cfg, mut entries) = if keep_shared {
         drop(apart);
-        (devices, shared_cfg, on_shared)
+        (devices, shared_cfg, on_shared.entries)
     } else {
-        (apart, apart_cfg, on_apart)
+        (apart, apart_cfg, on_apart.entries)
     };
     entries.extend(measure(&cfg, &devices, keep_shared, &tuning, &rest)?);
     let tuned = keep(&cfg, (&first, n, keep_shared), entries, &tuning, start);
@@ -324,9 +319,7 @@ pub(crate) fn placement_for(
         let text = format!(
             "{CHOICE}\nkey {choice_key}\nshared {shared_total:e}\nper-rank {apart_total:e}\nend\n"
         );
-        if let Err(e) = store(path, &text) {
-            tracing::warn!(path = %path.display(), error = %e, "world: could not cache the placement chosen");
-        }
+        cache(path, &text, "the placement chosen");
     }
     Ok((devices, cfg, Some((tuning, Some(tuned)))))
 }
@@ -433,7 +426,7 @@ pub(crate) fn file_name(key: &str) -> String {
 
 /// Writes `text` to `path` whole: into a temporary file beside it, then
 /// renamed over it.
-pub(crate) fn store(path: &Path, text: &str) -> std::io::Result<()> {
+fn store(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let nanos = std::time::SystemTime::now()
@@ -448,6 +441,18 @@ pub(crate) fn store(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// Stores `text` at `path` ([`store`]); a failure is warned of, naming
+/// `what`, and leaves the world uncached. Whether it was stored.
+pub(crate) fn cache(path: &Path, text: &str, what: &str) -> bool {
+    match store(path, text) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "world: could not cache {what}");
+            false
+        }
+    }
 }
 
 /// The default cache folder: `$XDG_CACHE_HOME/wgpu-collectives`, else

@@ -397,9 +397,7 @@ fn tuned_over(
                 .ok_or_else(|| transport("process 0 sent no tuning table".into()))?;
             if process == 0 {
                 if let Some(path) = config.tune_cache().map(|d| d.join(tune::file_name(&key))) {
-                    if let Err(e) = tune::store(&path, &text) {
-                        tracing::warn!(path = %path.display(), error = %e, "world: could not cache the tuning table");
-                    }
+                    tune::cache(&path, &text, "the tuning table");
                 }
             }
             text

@@ -47,6 +47,11 @@ impl Cost {
         Some(Cost { points })
     }
 
+    /// The largest size it was timed at (bytes).
+    pub(crate) fn largest(&self) -> f64 {
+        self.points.last().map_or(0.0, |p| p.0)
+    }
+
     /// The sizes and times it was made from.
     pub(crate) fn points(&self) -> &[(f64, f64)] {
         &self.points
@@ -147,7 +152,7 @@ impl Table {
         bytes: usize,
         allowed: impl Fn(Plan) -> bool,
     ) -> Option<(Plan, f64)> {
-        let timed = |e: &Entry| e.cost.points().last().map_or(0.0, |p| p.0);
+        let timed = |e: &Entry| e.cost.largest();
         let mine = || {
             self.entries
                 .iter()
@@ -166,7 +171,7 @@ impl Table {
         self.entries
             .iter()
             .find(|e| e.kind == kind && e.plan == plan)
-            .and_then(|e| e.cost.points().last().map(|p| p.0))
+            .map(|e| e.cost.largest())
     }
 
     /// The plan of `kind` costed lowest at `bytes`, among those `allowed`.
