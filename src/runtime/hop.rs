@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::waiter::Waiter;
 use crate::transport::local::LoanError;
-use crate::transport::{Body, Lane, Loan, Transport, Verdict};
+use crate::transport::{Body, Lane, Loan, Mapped, Transport, Verdict};
 
 /// A rank's links, as the runtime uses them: packets headed by the
 /// fingerprint of the collective they belong to.
@@ -21,18 +21,22 @@ pub(crate) type Link = dyn Transport<Fingerprint>;
 /// A packet on a [`Link`].
 pub(crate) type Packet = crate::transport::Packet<Fingerprint>;
 
-/// Sends `packet` to `peer` on `lane` without blocking. A loan forwarded
-/// to a peer the transport cannot lend to (another process) goes as a
-/// copy of its bytes.
+/// Sends `packet` to `peer` on `lane` without blocking. A loan to a peer
+/// the transport cannot lend to (another process) goes mapped, once its
+/// bytes have landed, where the transport sends out of mappings, else as
+/// a copy of its bytes.
 pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Waiter) -> Result<()> {
     let packet = match packet.body {
         Body::Loan(loan) if !link.carries_loans(peer) => {
-            let mut data = link.buffer();
-            data.extend_from_slice(&read_loan(&loan, packet.from, w)?);
-            Packet {
-                body: Body::Bytes(data),
-                ..packet
-            }
+            let view = read_loan(&loan, packet.from, w)?;
+            let body = if link.takes_mapped(peer) {
+                Body::Mapped(Mapped::new(view, loan))
+            } else {
+                let mut data = link.buffer();
+                data.extend_from_slice(&view);
+                Body::Bytes(data)
+            };
+            Packet { body, ..packet }
         }
         _ => packet,
     };

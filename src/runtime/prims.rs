@@ -226,11 +226,11 @@ impl<'a> Prims<'a> {
         }
     }
 
-    /// Whether ring steps lend their read-back buffers: where the
-    /// transport carries loans and kernels read upload buffers directly
-    /// (see `transport/local.rs`).
+    /// Whether ring steps lend their read-back buffers: where kernels
+    /// read upload buffers directly (see `transport/local.rs`) and the
+    /// transport carries loans, or sends out of their mappings.
     fn lends(&self, peer: usize) -> bool {
-        self.link.carries_loans(peer) && self.stage.lends()
+        self.stage.lends() && (self.link.carries_loans(peer) || self.link.takes_mapped(peer))
     }
 
     /// Sends `span` of the buffer to the next rank, after the steps
@@ -360,6 +360,7 @@ impl<'a> Prims<'a> {
                 self.absorb(enc, span, &view, reducer)
             }
             Body::Bytes(data) => self.absorb(enc, span, data, reducer),
+            Body::Mapped(m) => self.absorb(enc, span, m.as_ref(), reducer),
             Body::Resident(r) => {
                 let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
                 match reducer {
@@ -610,6 +611,11 @@ impl<'a> Prims<'a> {
             Body::Loan(loan) => {
                 let mut data = self.link.buffer();
                 data.extend_from_slice(&hop::read_loan(&loan, p.from, &self.w)?);
+                Ok(data)
+            }
+            Body::Mapped(m) => {
+                let mut data = self.link.buffer();
+                data.extend_from_slice(m.as_ref());
                 Ok(data)
             }
             Body::Resident(_) => Err(self.w.device_error(format!(

@@ -96,6 +96,31 @@ pub(crate) enum Body {
     Loan(Loan),
     /// Bytes already on the device sender and receiver share.
     Resident(Resident),
+    /// A lent buffer's bytes, mapped, on their way to another process:
+    /// the transport sends straight out of the mapping (no copy into a
+    /// packet) and lets go of the loan once the bytes are sent.
+    Mapped(Mapped),
+}
+
+/// A lent read-back buffer, mapped and read in place by the transport.
+pub(crate) struct Mapped {
+    /// Dropped before `loan` (field order): the owner unmaps the buffer
+    /// only once every loan of it is gone.
+    view: wgpu::BufferView,
+    _loan: Loan,
+}
+
+impl Mapped {
+    /// `view` is `loan`'s mapping.
+    pub(crate) fn new(view: wgpu::BufferView, loan: Loan) -> Mapped {
+        Mapped { view, _loan: loan }
+    }
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.view
+    }
 }
 
 /// A copy of the sender's bytes on a device the receiver shares: the
@@ -133,6 +158,7 @@ impl<H> Packet<H> {
             Body::Bytes(b) => b.len(),
             Body::Loan(l) => l.len(),
             Body::Resident(r) => usize::try_from(r.bytes).unwrap_or(usize::MAX),
+            Body::Mapped(m) => m.as_ref().len(),
         }
     }
 }
@@ -218,6 +244,12 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// Whether packets to `peer` may carry [`Body::Loan`] (sender and
     /// receiver share the process).
     fn carries_loans(&self, peer: usize) -> bool;
+
+    /// Whether a loan to `peer` that cannot go as one ([`Self::carries_loans`])
+    /// may go as [`Body::Mapped`]: sent out of its mapping, with no copy.
+    fn takes_mapped(&self, _peer: usize) -> bool {
+        false
+    }
 
     /// This rank's end of the links of a group made of `members` (ranks
     /// here, in the new group's order) by `split` number `seq` for `color`:

@@ -33,6 +33,7 @@ use mpi::traits::CommunicatorCollectives;
 
 use super::raw::{self, Sending};
 use crate::device::lock;
+use crate::transport::Mapped;
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
 /// epoch 4), body length 8, and the packet header the runtime gives (up
@@ -112,11 +113,27 @@ const SPARE_HEADS: usize = 256;
 /// How often a process tells the others it is alive.
 const BEAT: Duration = Duration::from_millis(100);
 
+/// The bytes of a frame to send: the hub's own (pooled), or a lent
+/// buffer's mapping, sent in place and let go of once sent.
+pub(crate) enum Outgoing {
+    Bytes(Vec<u8>),
+    Mapped(Mapped),
+}
+
+impl AsRef<[u8]> for Outgoing {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Outgoing::Bytes(b) => b,
+            Outgoing::Mapped(m) => m.as_ref(),
+        }
+    }
+}
+
 enum Command {
     Send {
         process: usize,
         head: [u8; HEAD],
-        body: Vec<u8>,
+        body: Outgoing,
     },
     /// Every process's `mine`, in process order (a blocking all-gather:
     /// only while no frames are expected, when a world is made).
@@ -232,8 +249,8 @@ impl Hub {
     }
 
     /// Sends a frame to `process`.
-    pub(crate) fn send(&self, process: usize, route: Route, header: &[u8], body: Vec<u8>) -> bool {
-        let head = encode_head(Kind::Data, route, header, body.len());
+    pub(crate) fn send(&self, process: usize, route: Route, header: &[u8], body: Outgoing) -> bool {
+        let head = encode_head(Kind::Data, route, header, body.as_ref().len());
         self.commands
             .send(Command::Send {
                 process,
@@ -260,7 +277,7 @@ impl Hub {
             let _ = self.commands.send(Command::Send {
                 process,
                 head,
-                body: body.clone(),
+                body: Outgoing::Bytes(body.clone()),
             });
         }
     }
@@ -529,7 +546,7 @@ impl Pump<'_> {
                 let mut first = self.heads.pop().unwrap_or_default();
                 first.clear();
                 first.extend_from_slice(&head);
-                for (tag, bytes) in [(TAG_HEAD, first), (TAG_BODY, body)] {
+                for (tag, bytes) in [(TAG_HEAD, Outgoing::Bytes(first)), (TAG_BODY, body)] {
                     match raw::isend(self.world, to, tag, bytes) {
                         Ok(s) => self.sending.push(s),
                         Err((code, bytes)) => {
@@ -564,7 +581,7 @@ impl Pump<'_> {
                 self.handle(Command::Send {
                     process: q,
                     head,
-                    body: Vec::new(),
+                    body: Outgoing::Bytes(Vec::new()),
                 });
             }
         }
@@ -635,8 +652,12 @@ impl Pump<'_> {
         any
     }
 
-    /// Returns a sent buffer: a head's to the spare heads, a body's to the pool.
-    fn give_back(&mut self, bytes: Vec<u8>) {
+    /// Returns a sent buffer: a head's to the spare heads, a body's to the
+    /// pool, a mapping to its owner (by letting go of it).
+    fn give_back(&mut self, bytes: Outgoing) {
+        let Outgoing::Bytes(bytes) = bytes else {
+            return;
+        };
         if bytes.capacity() <= HEAD {
             if self.heads.len() < SPARE_HEADS {
                 self.heads.push(bytes);

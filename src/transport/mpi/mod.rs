@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
-use self::hub::{Frame, HEADER, Hub, Route};
+use self::hub::{Frame, HEADER, Hub, Outgoing, Route};
 use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
@@ -154,10 +154,12 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         let Some(process) = self.remote(peer) else {
             return self.local.send(peer, lane, packet);
         };
-        let Body::Bytes(body) = packet.body else {
+        let body = match packet.body {
+            Body::Bytes(b) => Outgoing::Bytes(b),
+            Body::Mapped(m) => Outgoing::Mapped(m),
             // Loans and device buffers never leave a process (the runtime
-            // copies them into bytes first: `carries_loans`).
-            return Err(Closed);
+            // maps or copies them first: `carries_loans`, `takes_mapped`).
+            Body::Loan(_) | Body::Resident(_) => return Err(Closed),
         };
         let mut header = [0u8; HEADER];
         packet.fp.encode(&mut header);
@@ -206,6 +208,10 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
 
     fn carries_loans(&self, peer: usize) -> bool {
         self.remote(peer).is_none()
+    }
+
+    fn takes_mapped(&self, peer: usize) -> bool {
+        self.remote(peer).is_some()
     }
 
     fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<dyn Transport<H>>>> {

@@ -10,12 +10,15 @@ use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 
+use super::hub::Outgoing;
+
 /// A non-blocking send in flight, holding its bytes until it completes.
 pub(crate) struct Sending {
     request: ffi::MPI_Request,
-    /// The bytes MPI reads until `test` says it is done: moving the `Vec`
-    /// does not move its heap buffer, and nothing touches it meanwhile.
-    bytes: Vec<u8>,
+    /// The bytes MPI reads until `test` says it is done: moving a `Vec`
+    /// does not move its heap buffer, nor moving a view its mapping, and
+    /// nothing writes to either meanwhile.
+    bytes: Option<Outgoing>,
 }
 
 /// Why an MPI call failed: its error code.
@@ -32,21 +35,21 @@ pub(crate) fn isend(
     comm: &SimpleCommunicator,
     to: i32,
     tag: i32,
-    bytes: Vec<u8>,
-) -> Result<Sending, (Code, Vec<u8>)> {
-    let Ok(count) = i32::try_from(bytes.len()) else {
+    bytes: Outgoing,
+) -> Result<Sending, (Code, Outgoing)> {
+    let Ok(count) = i32::try_from(bytes.as_ref().len()) else {
         // MPI counts are C ints; the engine's slices are at most 1 MiB.
         return Err((Code(-1), bytes));
     };
     let mut request = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
     // SAFETY: `bytes` outlives the request: it moves into the returned
     // `Sending` and is only dropped once `test` reports completion (or the
-    // process ends with MPI). The datatype is MPI_BYTE (RSMPI_UINT8_T) with
+    // process ends with MPI); a mapping stays mapped while its view lives. The datatype is MPI_BYTE (RSMPI_UINT8_T) with
     // `count` = its length, `comm` is a live communicator, and `request` is
     // written by MPI_Isend before it is read.
     let code = unsafe {
         ffi::MPI_Isend(
-            bytes.as_ptr().cast(),
+            bytes.as_ref().as_ptr().cast(),
             count,
             ffi::RSMPI_UINT8_T,
             to,
@@ -59,7 +62,7 @@ pub(crate) fn isend(
         // SAFETY: MPI_Isend succeeded, so it wrote the request.
         Ok(()) => Ok(Sending {
             request: unsafe { request.assume_init() },
-            bytes,
+            bytes: Some(bytes),
         }),
         Err(c) => Err((c, bytes)),
     }
@@ -67,7 +70,7 @@ pub(crate) fn isend(
 
 impl Sending {
     /// Whether the send is done; then its bytes are free again.
-    pub(crate) fn test(&mut self) -> Result<Option<Vec<u8>>, Code> {
+    pub(crate) fn test(&mut self) -> Result<Option<Outgoing>, Code> {
         let mut flag: i32 = 0;
         // SAFETY: `self.request` came from MPI_Isend and has not completed
         // yet (a completed `Sending` is consumed below, never tested again);
@@ -75,7 +78,7 @@ impl Sending {
         // is ignored (RSMPI_STATUS_IGNORE).
         let code = unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
         check(code)?;
-        Ok((flag != 0).then(|| std::mem::take(&mut self.bytes)))
+        Ok(if flag != 0 { self.bytes.take() } else { None })
     }
 }
 
