@@ -225,21 +225,26 @@ fn mismatch(c: &Communicator) -> Check {
     }
 }
 
-/// Under `mpirun --enable-recovery`: the last process exits during an
-/// all_reduce; the others' ranks must report an error naming one of its
+/// Under `mpirun --enable-recovery`: the last process exits in the
+/// middle of a 64 MiB all_reduce, with slices in flight between the
+/// processes; the others' ranks must report an error naming one of its
 /// ranks in bounded time.
 fn killed(world: &World, timeout: Duration) -> ExitCode {
     let (processes, local) = world.processes();
     let dying = world.local_ranks().contains(&(world.size() - 1));
     let start = Instant::now();
     let results = world.run(|c| -> Result<(), Error> {
-        let x = c.tensor(&vec![1f32; 1 << 20])?;
+        let x = c.tensor(&vec![1f32; 16 << 20])?;
         for i in 0.. {
-            if dying && i == 3 {
-                // The whole process goes, as a crash would.
+            let work = c.all_reduce(&x, ReduceOp::Sum)?;
+            if dying && i == 1 {
+                // The whole process goes, as a crash would, while the
+                // collective it issued runs (a 64 MiB all_reduce takes
+                // well over 100 ms here).
+                std::thread::sleep(Duration::from_millis(40));
                 std::process::exit(9);
             }
-            let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+            let _ = work.wait()?;
         }
         Ok(())
     });
