@@ -38,6 +38,12 @@ pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Wai
             };
             Packet { body, ..packet }
         }
+        // Its buffer goes back to the transport once used: never forwarded.
+        Body::Landed(_) => {
+            return Err(w.device_error(format!(
+                "a slice from another process was forwarded to rank {peer} as it landed"
+            )));
+        }
         _ => packet,
     };
     link.send(peer, lane, packet).map_err(|_| gone(peer, w))

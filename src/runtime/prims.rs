@@ -207,7 +207,13 @@ impl<'a> Prims<'a> {
 
     /// Reserves staging for slices of up to `words`.
     pub(crate) fn reserve(&mut self, words: usize) -> Result<()> {
-        self.stage.reserve((words.max(1) * 4) as u64)
+        self.stage.reserve((words.max(1) * 4) as u64)?;
+        if self.link.lands() {
+            if let Some(landing) = self.stage.landing()? {
+                self.link.land_into(&landing);
+            }
+        }
+        Ok(())
     }
 
     fn submit(&mut self, enc: wgpu::CommandEncoder) -> Result<Ticket> {
@@ -361,27 +367,32 @@ impl<'a> Prims<'a> {
             }
             Body::Bytes(data) => self.absorb(enc, span, data, reducer),
             Body::Mapped(m) => self.absorb(enc, span, m.as_ref(), reducer),
-            Body::Resident(r) => {
-                let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
-                match reducer {
-                    None => {
-                        enc.copy_buffer_to_buffer(&r.buffer, 0, &buf, span.offset(), bytes);
-                        Ok(())
-                    }
-                    Some(red) => {
-                        let stamps = self.stamp()?;
-                        red.encode(
-                            self.w.dev,
-                            enc,
-                            &buf,
-                            span.offset(),
-                            &r.buffer,
-                            0,
-                            bytes,
-                            stamps,
-                        )
-                    }
-                }
+            Body::Resident(r) => self.absorb_resident(enc, span, &r.buffer, reducer),
+            Body::Landed(l) => {
+                let src = l.encode_use(enc).clone();
+                self.absorb_resident(enc, span, &src, reducer)
+            }
+        }
+    }
+
+    /// Records `src[..span.bytes()]`, on this device, into `span` of the
+    /// buffer, reduced with `reducer` or copied as it is.
+    fn absorb_resident(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        span: Span,
+        src: &wgpu::Buffer,
+        reducer: Option<&Reducer>,
+    ) -> Result<()> {
+        let (buf, bytes) = (self.buf.clone(), span.bytes() as u64);
+        match reducer {
+            None => {
+                enc.copy_buffer_to_buffer(src, 0, &buf, span.offset(), bytes);
+                Ok(())
+            }
+            Some(red) => {
+                let stamps = self.stamp()?;
+                red.encode(self.w.dev, enc, &buf, span.offset(), src, 0, bytes, stamps)
             }
         }
     }
@@ -477,14 +488,20 @@ impl<'a> Prims<'a> {
     }
 
     /// Receives the final value of `span`, stores it and forwards the very
-    /// same bytes (no device round trip).
+    /// same bytes (no device round trip). Bytes that landed from another
+    /// process are this rank's to reuse once stored: what goes on is the
+    /// stored copy, lent.
     pub(crate) fn recv_copy_send(&mut self, span: Span) -> Result<()> {
-        if let Some(mut p) = self.recv_store(span)? {
-            p.from = self.w.rank;
-            let next = self.next();
-            hop::post(self.link, next, self.lane, p, &self.w)?;
+        let Some(mut p) = self.recv_store(span)? else {
+            return Ok(());
+        };
+        if matches!(p.body, Body::Landed(_)) {
+            drop(p);
+            return self.send_after(self.w.dev.encoder(), span);
         }
-        Ok(())
+        p.from = self.w.rank;
+        let next = self.next();
+        hop::post(self.link, next, self.lane, p, &self.w)
     }
 
     /// Receives the final value of `span` and stores it.
@@ -616,6 +633,12 @@ impl<'a> Prims<'a> {
             Body::Mapped(m) => {
                 let mut data = self.link.buffer();
                 data.extend_from_slice(m.as_ref());
+                Ok(data)
+            }
+            Body::Landed(l) => {
+                let mut data = self.link.buffer();
+                l.read_into(&mut data)
+                    .map_err(|why| self.w.device_error(why))?;
                 Ok(data)
             }
             Body::Resident(_) => Err(self.w.device_error(format!(

@@ -100,6 +100,10 @@ pub(crate) enum Body {
     /// the transport sends straight out of the mapping (no copy into a
     /// packet) and lets go of the loan once the bytes are sent.
     Mapped(Mapped),
+    /// Another process's bytes, landed in a buffer of the receiver's
+    /// device that its kernels read (see `staging::Landing`).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Landed(staging::Landed),
 }
 
 /// A lent read-back buffer, mapped and read in place by the transport.
@@ -159,6 +163,7 @@ impl<H> Packet<H> {
             Body::Loan(l) => l.len(),
             Body::Resident(r) => usize::try_from(r.bytes).unwrap_or(usize::MAX),
             Body::Mapped(m) => m.as_ref().len(),
+            Body::Landed(l) => l.len(),
         }
     }
 }
@@ -250,6 +255,16 @@ pub(crate) trait Transport<H>: Send + Sync {
     fn takes_mapped(&self, _peer: usize) -> bool {
         false
     }
+
+    /// Whether bytes from other processes can come to this end's device
+    /// steps, and land where its kernels read them ([`Self::land_into`]).
+    fn lands(&self) -> bool {
+        false
+    }
+
+    /// Lets bytes from other processes for this end's device steps land in
+    /// `landing`.
+    fn land_into(&self, _landing: &Arc<staging::Landing>) {}
 
     /// This rank's end of the links of a group made of `members` (ranks
     /// here, in the new group's order) by `split` number `seq` for `color`:

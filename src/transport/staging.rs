@@ -122,6 +122,9 @@ pub(crate) struct Stager {
     lends: Vec<LendSlot>,
     next_lend: usize,
     lend_armed: Option<usize>,
+    /// Where bytes from another process land (see [`Landing`]), made with
+    /// the other buffers where ring steps lend.
+    landing: Option<Arc<Landing>>,
 }
 
 impl Stager {
@@ -138,6 +141,7 @@ impl Stager {
             lends: Vec::new(),
             next_lend: 0,
             lend_armed: None,
+            landing: None,
         }
     }
 
@@ -166,6 +170,7 @@ impl Stager {
         self.scratch = None;
         self.lends.clear();
         self.lend_armed = None;
+        self.landing = None;
     }
 
     /// Forgets the bind groups of the buffers kernels read (uploads and
@@ -176,6 +181,11 @@ impl Stager {
             .iter()
             .map(|s| s.buf.clone())
             .chain(self.scratch.clone())
+            .chain(
+                self.landing
+                    .iter()
+                    .flat_map(|l| l.slots.iter().map(|s| s.buf.clone())),
+            )
             .collect();
         self.dev.kernels.forget(&bound);
     }
@@ -229,11 +239,38 @@ impl Stager {
         } else {
             Vec::new()
         };
+        self.landing = None;
         self.next_lend = 0;
         self.capacity = bytes;
         self.next_upload = 0;
         self.used.clear();
         Ok(())
+    }
+
+    /// Where bytes from another process may land, for slices up to the
+    /// size `reserve` was given: made on first use, where kernels read
+    /// upload buffers directly (`None` elsewhere).
+    pub(crate) fn landing(&mut self) -> Result<Option<Arc<Landing>>> {
+        if self.landing.is_none() && self.lends() && self.capacity > 0 {
+            let dev = &self.dev;
+            let usage = wgpu::BufferUsages::MAP_WRITE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::STORAGE;
+            let slots = (0..LAND_SLOTS)
+                .map(|_| {
+                    Ok(LandSlot {
+                        buf: dev.create_buffer("landing", self.capacity, usage, true)?,
+                        state: Arc::new(AtomicU8::new(MAP_READY)),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            self.landing = Some(Arc::new(Landing {
+                slots,
+                capacity: self.capacity,
+                signal: dev.map_signal(),
+            }));
+        }
+        Ok(self.landing.clone())
     }
 
     /// Records a copy of `src[off..off + bytes]` into the read-back buffer,
@@ -443,6 +480,130 @@ impl Stager {
             if let Some(rb) = self.readback.as_mut() {
                 rb.last_use = Some(t);
             }
+        }
+    }
+}
+
+/// Landing buffers per rank: one more than a sender lends at once, so a
+/// sender that runs ahead finds one free.
+const LAND_SLOTS: usize = LEND_SLOTS + 1;
+
+/// A slot is being written by the transport, or holds bytes not yet used.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+const LANDED: u8 = 3;
+
+/// Mapped upload buffers that the transport receives another process's
+/// bytes into, so that kernels read them where they landed: no copy after
+/// the receive (NCCL's registered buffers). Only where kernels read upload
+/// buffers directly (unified memory). A slot is free while mapped; the
+/// transport takes one (free to landed), the rank that the bytes are for
+/// unmaps it, reads it in a submission that maps it again, and the map
+/// callback frees it. A frame that finds no free slot lands in host memory
+/// instead and is copied, as before.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) struct Landing {
+    slots: Vec<LandSlot>,
+    capacity: u64,
+    signal: Arc<Signal>,
+}
+
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+struct LandSlot {
+    buf: wgpu::Buffer,
+    state: Arc<AtomicU8>,
+}
+
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+impl Landing {
+    /// A free slot for `bytes`, taken, with the view to write them
+    /// through; `None` when none is free or the bytes do not fit.
+    pub(crate) fn take(&self, bytes: usize) -> Option<(Landed, wgpu::BufferViewMut)> {
+        let len = u64::try_from(bytes)
+            .ok()
+            .filter(|&b| b <= self.capacity && b > 0)?;
+        self.slots.iter().find_map(|slot| {
+            slot.state
+                .compare_exchange(MAP_READY, LANDED, Ordering::AcqRel, Ordering::Acquire)
+                .ok()?;
+            let landed = Landed {
+                buf: slot.buf.clone(),
+                bytes: len,
+                state: slot.state.clone(),
+                signal: self.signal.clone(),
+                used: AtomicBool::new(false),
+            };
+            // Dropping `landed` (a failed view) frees the slot again.
+            let view = slot.buf.get_mapped_range_mut(..len).ok()?;
+            Some((landed, view))
+        })
+    }
+}
+
+/// Bytes from another process in a landing slot, still mapped.
+pub(crate) struct Landed {
+    buf: wgpu::Buffer,
+    bytes: u64,
+    state: Arc<AtomicU8>,
+    signal: Arc<Signal>,
+    /// Unmapped for a submission, which frees the slot when it maps it again.
+    used: AtomicBool,
+}
+
+impl Landed {
+    /// Bytes landed.
+    pub(crate) fn len(&self) -> usize {
+        usize::try_from(self.bytes).unwrap_or(usize::MAX)
+    }
+
+    /// The buffer holding the bytes from offset 0, for a kernel or copy
+    /// recorded in `enc`; the slot is freed once that submission is done.
+    pub(crate) fn encode_use(&self, enc: &wgpu::CommandEncoder) -> &wgpu::Buffer {
+        if !self.used.swap(true, Ordering::AcqRel) {
+            self.buf.unmap();
+            let (state, signal) = (self.state.clone(), self.signal.clone());
+            enc.map_buffer_on_submit(&self.buf, wgpu::MapMode::Write, .., move |r| {
+                state.store(
+                    if r.is_ok() { MAP_READY } else { MAP_FAILED },
+                    Ordering::Release,
+                );
+                signal.notify();
+            });
+        }
+        &self.buf
+    }
+
+    /// Appends the bytes to `out`, for a rank that folds on the host.
+    #[allow(unsafe_code)]
+    pub(crate) fn read_into(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        if self.used.load(Ordering::Acquire) {
+            return Err("a landing buffer was read after its use".into());
+        }
+        let mut view = self
+            .buf
+            .get_mapped_range_mut(..self.bytes)
+            .map_err(|e| format!("landing view: {e}"))?;
+        let mut w = view.slice(..);
+        let ptr = w.as_raw_element_ptr();
+        let len = self.len();
+        out.reserve(len);
+        // SAFETY: landing buffers exist only on unified memory, where a
+        // mapping is ordinary host memory; the view maps `len` bytes the
+        // transport wrote, and nothing writes them while this slot is
+        // landed. `out` has room for `len` more bytes, written before the
+        // length grows over them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.as_ptr(), out.as_mut_ptr().add(out.len()), len);
+            out.set_len(out.len().saturating_add(len));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Landed {
+    /// Frees a slot that no submission used: it is still mapped.
+    fn drop(&mut self) {
+        if !self.used.load(Ordering::Acquire) {
+            self.state.store(MAP_READY, Ordering::Release);
         }
     }
 }

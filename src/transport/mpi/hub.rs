@@ -34,6 +34,7 @@ use mpi::traits::CommunicatorCollectives;
 use super::raw::{self, Sending};
 use crate::device::lock;
 use crate::transport::Mapped;
+use crate::transport::staging::{Landed, Landing};
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
 /// epoch 4), body length 8, and the packet header the runtime gives (up
@@ -73,7 +74,15 @@ pub(crate) struct Route {
 /// A frame as a rank receives it: the packet header's bytes and the body.
 pub(crate) struct Frame {
     pub header: [u8; HEADER],
-    pub body: Vec<u8>,
+    pub body: Arrived,
+}
+
+/// Where a frame's body landed: in host memory from the pool, or in a
+/// landing buffer of the rank it is for (a device step's bytes, where that
+/// rank has a free one).
+pub(crate) enum Arrived {
+    Bytes(Vec<u8>),
+    Landed(Landed),
 }
 
 /// What the hub tells a group rather than one rank.
@@ -94,6 +103,9 @@ enum Kind {
     Beat = 2,
     /// The process finalises MPI: silence from it from now on is no failure.
     Bye = 3,
+    /// Data that a device step reads: it lands where that rank's kernels
+    /// read it, when a landing buffer is free.
+    Device = 4,
 }
 
 impl Kind {
@@ -102,6 +114,7 @@ impl Kind {
             1 => Kind::Notice,
             2 => Kind::Beat,
             3 => Kind::Bye,
+            4 => Kind::Device,
             _ => Kind::Data,
         }
     }
@@ -129,6 +142,8 @@ impl AsRef<[u8]> for Outgoing {
     }
 }
 
+// A send carries its mapping by value: boxing it would allocate per frame.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     Send {
         process: usize,
@@ -152,6 +167,8 @@ struct Routes {
     early: HashMap<Route, VecDeque<Frame>>,
     /// Where each group's notices go.
     notices: HashMap<u64, Sender<Notice>>,
+    /// Where device steps' bytes for each (group, rank) land.
+    landings: HashMap<(u64, u32), Arc<Landing>>,
 }
 
 /// This process's end of MPI.
@@ -250,7 +267,11 @@ impl Hub {
 
     /// Sends a frame to `process`.
     pub(crate) fn send(&self, process: usize, route: Route, header: &[u8], body: Outgoing) -> bool {
-        let head = encode_head(Kind::Data, route, header, body.as_ref().len());
+        let kind = match body {
+            Outgoing::Mapped(_) => Kind::Device,
+            Outgoing::Bytes(_) => Kind::Data,
+        };
+        let head = encode_head(kind, route, header, body.as_ref().len());
         self.commands
             .send(Command::Send {
                 process,
@@ -280,6 +301,16 @@ impl Hub {
                 body: Outgoing::Bytes(body.clone()),
             });
         }
+    }
+
+    /// Device steps' bytes for rank `to` of `group` land in `landing` from
+    /// now on (`None`: in host memory).
+    pub(crate) fn land(&self, group: u64, to: u32, landing: Option<Arc<Landing>>) {
+        let mut r = lock(&self.routes);
+        match landing {
+            Some(l) => r.landings.insert((group, to), l),
+            None => r.landings.remove(&(group, to)),
+        };
     }
 
     /// Where notices from other processes to `group` go from now on.
@@ -623,33 +654,62 @@ impl Pump<'_> {
             any = true;
             let status = msg.matched_receive_into(&mut self.head[..]);
             let (route, kind, len, header) = decode_head(&self.head);
-            let mut body = self.pool.pop().unwrap_or_default();
-            // Only what the buffer grows by is zeroed.
-            body.resize(len, 0);
             // The body follows its head from the same process.
             let source = status.source_rank();
-            self.world
-                .process_at_rank(source)
-                .receive_into_with_tag(&mut body[..], TAG_BODY);
+            let body = self.receive_body(source, route, kind, len);
             let from = usize::try_from(source).unwrap_or(usize::MAX);
             if let Some(t) = self.heard.get_mut(from) {
                 *t = Instant::now();
             }
             match kind {
                 Kind::Beat => {
-                    let _ = self.pool.push(body);
+                    if let Arrived::Bytes(b) = body {
+                        let _ = self.pool.push(b);
+                    }
                 }
                 Kind::Bye => {
                     if let Some(g) = self.gone.get_mut(from) {
                         *g = true;
                     }
                 }
-                Kind::Notice | Kind::Data => {
+                Kind::Notice | Kind::Data | Kind::Device => {
                     deliver(self.routes, route, kind, Frame { header, body });
                 }
             }
         }
         any
+    }
+
+    /// Receives the `len` bytes of a frame's body from `source`: a device
+    /// step's straight into a landing buffer of its rank when one is free,
+    /// anything else into a pooled buffer.
+    fn receive_body(&mut self, source: i32, route: Route, kind: Kind, len: usize) -> Arrived {
+        let landing = match kind {
+            Kind::Device => lock(self.routes)
+                .landings
+                .get(&(route.group, route.to))
+                .cloned(),
+            _ => None,
+        };
+        if let Some((landed, mut view)) = landing.and_then(|l| l.take(len)) {
+            let ptr = view.slice(..).as_raw_element_ptr();
+            match raw::receive_raw(self.world, source, TAG_BODY, ptr, len) {
+                Ok(()) => return Arrived::Landed(landed),
+                // The body is gone either way: the receiver's wait names
+                // what is missing.
+                Err(code) => {
+                    tracing::error!(source, code = code.0, "MPI_Recv of a frame's body failed");
+                    return Arrived::Bytes(Vec::new());
+                }
+            }
+        }
+        let mut body = self.pool.pop().unwrap_or_default();
+        // Only what the buffer grows by is zeroed.
+        body.resize(len, 0);
+        self.world
+            .process_at_rank(source)
+            .receive_into_with_tag(&mut body[..], TAG_BODY);
+        Arrived::Bytes(body)
     }
 
     /// Returns a sent buffer: a head's to the spare heads, a body's to the
@@ -694,8 +754,8 @@ impl Pump<'_> {
 fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
     let mut r = lock(routes);
     if kind == Kind::Notice {
-        if let Some(n) = r.notices.get(&route.group) {
-            let text = String::from_utf8_lossy(&frame.body).into_owned();
+        if let (Some(n), Arrived::Bytes(body)) = (r.notices.get(&route.group), &frame.body) {
+            let text = String::from_utf8_lossy(body).into_owned();
             let _ = n.send(Notice::Failed(route, text));
         }
         return;
@@ -726,7 +786,13 @@ mod tests {
             lane: 1,
         };
         let header: Vec<u8> = (0..HEADER).map(|i| (i * 3 + 1) as u8).collect();
-        for kind in [Kind::Data, Kind::Notice, Kind::Beat, Kind::Bye] {
+        for kind in [
+            Kind::Data,
+            Kind::Notice,
+            Kind::Beat,
+            Kind::Bye,
+            Kind::Device,
+        ] {
             let head = encode_head(kind, route, &header, 1 << 20);
             let (r, k, len, h) = decode_head(&head);
             assert_eq!(r, route);

@@ -16,12 +16,13 @@ pub(crate) mod hub;
 mod raw;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crossbeam::channel::Receiver;
 
-use self::hub::{Frame, HEADER, Hub, Outgoing, Route};
+use self::hub::{Arrived, Frame, HEADER, Hub, Outgoing, Route};
+use super::staging::Landing;
 use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
@@ -55,6 +56,8 @@ pub(crate) struct Remote<H> {
     /// Frames from each remote peer in this epoch, per lane (`peer * LANES
     /// + lane`).
     from: RwLock<Vec<Option<Receiver<Frame>>>>,
+    /// Where device steps' bytes for this rank land (see `land_into`).
+    landing: Mutex<Option<Arc<Landing>>>,
 }
 
 /// The ends of `layout`'s ranks that live in this process (`None` for the
@@ -86,6 +89,7 @@ impl<H> Remote<H> {
             local,
             epoch: AtomicU32::new(0),
             from,
+            landing: Mutex::new(None),
         }
     }
 
@@ -129,6 +133,8 @@ pub(crate) fn split_id(parent: u64, seq: u64, color: u32) -> u64 {
 impl<H> Drop for Remote<H> {
     fn drop(&mut self) {
         self.close();
+        let me = u32::try_from(self.me).unwrap_or(u32::MAX);
+        self.hub.land(self.layout.group, me, None);
     }
 }
 
@@ -159,7 +165,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             Body::Mapped(m) => Outgoing::Mapped(m),
             // Loans and device buffers never leave a process (the runtime
             // maps or copies them first: `carries_loans`, `takes_mapped`).
-            Body::Loan(_) | Body::Resident(_) => return Err(Closed),
+            Body::Loan(_) | Body::Resident(_) | Body::Landed(_) => return Err(Closed),
         };
         let mut header = [0u8; HEADER];
         packet.fp.encode(&mut header);
@@ -193,10 +199,14 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             return Ok(None);
         };
         let fp = H::decode(&frame.header).ok_or(Closed)?;
+        let body = match frame.body {
+            Arrived::Bytes(b) => Body::Bytes(b),
+            Arrived::Landed(l) => Body::Landed(l),
+        };
         Ok(Some(Packet {
             fp,
             from: peer,
-            body: Body::Bytes(frame.body),
+            body,
             receipt: None,
         }))
     }
@@ -212,6 +222,23 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
 
     fn takes_mapped(&self, peer: usize) -> bool {
         self.remote(peer).is_some()
+    }
+
+    fn lands(&self) -> bool {
+        self.layout
+            .process_of
+            .iter()
+            .any(|&p| p != self.hub.process)
+    }
+
+    fn land_into(&self, landing: &Arc<Landing>) {
+        let mut now = self.landing.lock().unwrap_or_else(|p| p.into_inner());
+        if now.as_ref().is_some_and(|l| Arc::ptr_eq(l, landing)) {
+            return;
+        }
+        *now = Some(landing.clone());
+        let me = u32::try_from(self.me).unwrap_or(u32::MAX);
+        self.hub.land(self.layout.group, me, Some(landing.clone()));
     }
 
     fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<dyn Transport<H>>>> {
@@ -239,7 +266,9 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         );
         for rx in old.iter().flatten() {
             while let Ok(f) = rx.try_recv() {
-                self.hub.recycle(f.body);
+                if let Arrived::Bytes(b) = f.body {
+                    self.hub.recycle(b);
+                }
             }
         }
     }

@@ -30,7 +30,9 @@ fn check(code: i32) -> Result<(), Code> {
     if code == 0 { Ok(()) } else { Err(Code(code)) }
 }
 
-/// Starts sending `bytes` to rank `to` of `comm` with `tag`.
+/// Starts sending `bytes` to rank `to` of `comm` with `tag`; on failure
+/// the bytes come back (unboxed: boxing would allocate per frame).
+#[allow(clippy::result_large_err)]
 pub(crate) fn isend(
     comm: &SimpleCommunicator,
     to: i32,
@@ -88,4 +90,31 @@ pub(crate) fn errors_return(comm: &SimpleCommunicator) -> Result<(), Code> {
     // SAFETY: `comm` is a live communicator and RSMPI_ERRORS_RETURN is the
     // predefined handler; the call only changes how errors are reported.
     check(unsafe { ffi::MPI_Comm_set_errhandler(comm.as_raw(), ffi::RSMPI_ERRORS_RETURN) })
+}
+
+/// Receives the next message from `source` with `tag` on `comm` into the
+/// `len` bytes at `ptr` (blocking): a mapping that safe code can only
+/// write through.
+pub(crate) fn receive_raw(
+    comm: &SimpleCommunicator,
+    source: i32,
+    tag: i32,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+) -> Result<(), Code> {
+    let count = i32::try_from(len).map_err(|_| Code(-1))?;
+    // SAFETY: `ptr` points to `len` writable bytes that stay mapped until
+    // this returns (the caller holds their view); the count is `len`
+    // MPI_BYTEs, `comm` is a live communicator, and the status is ignored.
+    check(unsafe {
+        ffi::MPI_Recv(
+            ptr.as_ptr().cast(),
+            count,
+            ffi::RSMPI_UINT8_T,
+            source,
+            tag,
+            comm.as_raw(),
+            ffi::RSMPI_STATUS_IGNORE,
+        )
+    })
 }
