@@ -20,12 +20,12 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use crossbeam::channel::{Receiver, Sender, unbounded};
-use crossbeam::queue::ArrayQueue;
 
 use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Ticket};
 use crate::error::Error;
 
+use super::pool::Pool;
 use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
 
 /// Map states of a staging buffer, set by its map callback.
@@ -134,7 +134,7 @@ impl Loan {
 pub(crate) struct Local<H> {
     to: Vec<Sender<Packet<H>>>,
     from: Vec<Receiver<Packet<H>>>,
-    pool: Arc<ArrayQueue<Vec<u8>>>,
+    pool: Arc<Pool>,
     wake: Arc<Wake>,
     /// The group's meeting place, and how to make one for a split.
     meeting: Option<(Place, MakePlace)>,
@@ -148,9 +148,7 @@ pub(crate) fn mesh<H: Send + 'static>(
     meeting: Option<MakePlace>,
 ) -> Vec<Arc<dyn Transport<H>>> {
     let meeting = meeting.map(|make| (make(n), make));
-    let pool = Arc::new(ArrayQueue::new(
-        n.clamp(1, crate::MAX_RANKS).saturating_mul(4),
-    ));
+    let pool = Arc::new(Pool::new(n.clamp(1, crate::MAX_RANKS).saturating_mul(4)));
     // links[a][end(b, lane)]: a -> b
     type Channel<H> = (Sender<Packet<H>>, Receiver<Packet<H>>);
     let links: Vec<Vec<Channel<H>>> = (0..n)
@@ -224,12 +222,10 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
     }
 
     fn buffer(&self) -> Vec<u8> {
-        let mut v = self.pool.pop().unwrap_or_default();
-        v.clear();
-        v
+        self.pool.take()
     }
 
     fn recycle(&self, v: Vec<u8>) {
-        let _ = self.pool.push(v);
+        self.pool.give(v);
     }
 }

@@ -21,6 +21,7 @@
 pub(crate) mod local;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
+pub(crate) mod pool;
 pub(crate) mod shared;
 pub(crate) mod staging;
 

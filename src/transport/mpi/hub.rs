@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
-use crossbeam::queue::ArrayQueue;
 use mpi::point_to_point::Source;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
@@ -34,6 +33,7 @@ use mpi::traits::CommunicatorCollectives;
 use super::raw::{self, Sending};
 use crate::device::lock;
 use crate::transport::Mapped;
+use crate::transport::pool::Pool;
 use crate::transport::staging::{Landed, Landing};
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
@@ -175,7 +175,7 @@ struct Routes {
 pub(crate) struct Hub {
     commands: Sender<Command>,
     routes: Arc<Mutex<Routes>>,
-    pool: Arc<ArrayQueue<Vec<u8>>>,
+    pool: Arc<Pool>,
     /// This process's rank among the job's processes, and their count.
     pub process: usize,
     pub processes: usize,
@@ -212,7 +212,7 @@ impl Hub {
     pub(crate) fn start() -> Result<Hub, String> {
         let (commands, rx) = unbounded();
         let routes = Arc::new(Mutex::new(Routes::default()));
-        let pool = Arc::new(ArrayQueue::new(256));
+        let pool = Arc::new(Pool::new(256));
         let (ready_tx, ready_rx) = bounded(1);
         let waiting = Arc::new(AtomicUsize::new(0));
         let liveness = Arc::new(AtomicU64::new(0));
@@ -356,14 +356,12 @@ impl Hub {
 
     /// An empty buffer from the pool.
     pub(crate) fn buffer(&self) -> Vec<u8> {
-        let mut v = self.pool.pop().unwrap_or_default();
-        v.clear();
-        v
+        self.pool.take()
     }
 
     /// Returns a buffer to the pool.
     pub(crate) fn recycle(&self, v: Vec<u8>) {
-        let _ = self.pool.push(v);
+        self.pool.give(v);
     }
 
     /// Records that the process saw a failure (then MPI is not finalised).
@@ -451,7 +449,7 @@ fn decode_head(h: &[u8; HEAD]) -> (Route, Kind, usize, [u8; HEADER]) {
 fn serve(
     commands: Receiver<Command>,
     routes: Arc<Mutex<Routes>>,
-    pool: Arc<ArrayQueue<Vec<u8>>>,
+    pool: Arc<Pool>,
     waiting: Arc<AtomicUsize>,
     liveness: &AtomicU64,
     ready: Sender<Result<(usize, usize), String>>,
@@ -483,7 +481,7 @@ fn serve(
 struct Pump<'a> {
     world: &'a SimpleCommunicator,
     routes: &'a Mutex<Routes>,
-    pool: &'a ArrayQueue<Vec<u8>>,
+    pool: &'a Pool,
     /// Sends in flight, each holding its bytes.
     sending: Vec<Sending>,
     /// Spare head buffers: kept apart from the body pool, so that a body
@@ -507,7 +505,7 @@ fn pump<'a>(
     world: &'a SimpleCommunicator,
     commands: &Receiver<Command>,
     routes: &'a Mutex<Routes>,
-    pool: &'a ArrayQueue<Vec<u8>>,
+    pool: &'a Pool,
     waiting: &AtomicUsize,
     liveness: &'a AtomicU64,
 ) {
@@ -664,7 +662,7 @@ impl Pump<'_> {
             match kind {
                 Kind::Beat => {
                     if let Arrived::Bytes(b) = body {
-                        let _ = self.pool.push(b);
+                        self.pool.give(b);
                     }
                 }
                 Kind::Bye => {
@@ -703,9 +701,7 @@ impl Pump<'_> {
                 }
             }
         }
-        let mut body = self.pool.pop().unwrap_or_default();
-        // Only what the buffer grows by is zeroed.
-        body.resize(len, 0);
+        let mut body = self.pool.take_sized(len);
         self.world
             .process_at_rank(source)
             .receive_into_with_tag(&mut body[..], TAG_BODY);
@@ -723,7 +719,7 @@ impl Pump<'_> {
                 self.heads.push(bytes);
             }
         } else {
-            let _ = self.pool.push(bytes);
+            self.pool.give(bytes);
         }
     }
 
