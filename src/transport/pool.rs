@@ -36,6 +36,7 @@ impl Pool {
 
     /// A buffer of `len` bytes to be overwritten whole (a receive's): its
     /// old bytes stay, only what it grows by is zeroed.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn take_sized(&self, len: usize) -> Vec<u8> {
         let mut v = lock(&self.spare).pop().unwrap_or_default();
         if v.len() >= len {
