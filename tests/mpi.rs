@@ -211,6 +211,59 @@ fn split_and_p2p(c: &Communicator) -> Check {
     Ok(())
 }
 
+/// A split of one process's ranks (they share its device) meets there:
+/// its all_reduce and all_gather run the shared device's kernels (the plan
+/// forced through the environment, when one is), against the CPU's sum.
+fn split_by_process(c: &Communicator) -> Check {
+    let me = c.rank();
+    // Every process holds 2 ranks (see `main`).
+    let sub = c
+        .split(Some((me / 2) as u32), me)
+        .map_err(|e| fail("split", e))?
+        .ok_or("split gave no communicator")?;
+    let members = [me / 2 * 2, me / 2 * 2 + 1];
+    let len = 300_001; // more than one slice
+    let x = sub
+        .tensor(&values(me, len))
+        .map_err(|e| fail("tensor", e))?;
+    let got = sub
+        .all_reduce(&x, ReduceOp::Sum)
+        .and_then(|w| w.wait())
+        .and_then(|t| t.to_vec::<f32>())
+        .map_err(|e| fail("all_reduce in the process's split", e))?;
+    let (a, b) = (values(members[0], len), values(members[1], len));
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    if got != want {
+        return Err(format!("rank {me}: the process's split summed other bits"));
+    }
+    let forced = std::env::var("WGPU_COLLECTIVES_PLAN")
+        .ok()
+        .filter(|p| !p.is_empty() && p != "auto");
+    let ran = sub.flight_record().ranks[sub.rank()]
+        .last()
+        .and_then(|e| e.plan);
+    match (&forced, ran) {
+        (None, Some(wgpu_collectives::Plan::Direct)) => {}
+        (Some(f), Some(p)) if p.name() == f.as_str() => {}
+        _ => {
+            return Err(format!(
+                "rank {me}: the process's split ran {ran:?} (forced: {forced:?}), not on its shared device"
+            ));
+        }
+    }
+    let gathered = sub
+        .all_gather(&x)
+        .and_then(|w| w.wait())
+        .and_then(|t| t.to_vec::<f32>())
+        .map_err(|e| fail("all_gather in the process's split", e))?;
+    if gathered != [a, b].concat() {
+        return Err(format!(
+            "rank {me}: the process's split gathered other bytes"
+        ));
+    }
+    Ok(())
+}
+
 /// A call that differs on one rank: every rank must fail, none hang.
 fn mismatch(c: &Communicator) -> Check {
     let len = if c.rank() == 0 { 5 } else { 6 };
@@ -329,7 +382,7 @@ fn main() -> ExitCode {
     }
     // The mismatch goes last: a failed run's late messages could reach a
     // later run (a world that failed is made anew, as in NCCL).
-    let checks: [Named; 8] = [
+    let checks: [Named; 9] = [
         ("all_reduce f32", |c| all_reduce::<f32>(c, &[1, 7, 300_001])),
         ("all_reduce f16", |c| all_reduce::<f16>(c, &[7, 4099])),
         ("all_reduce bf16", |c| all_reduce::<bf16>(c, &[7, 4099])),
@@ -337,6 +390,10 @@ fn main() -> ExitCode {
         ("all_reduce u32", |c| all_reduce::<u32>(c, &[7, 4099])),
         ("the other collectives", the_others),
         ("split and point-to-point", split_and_p2p),
+        (
+            "a split of one process meets on its device",
+            split_by_process,
+        ),
         ("one rank issues another length", mismatch),
     ];
     let mut failed = false;

@@ -1003,6 +1003,13 @@ impl Communicator {
             inner
                 .splits
                 .join(&inner.health, &*inner.endpoint, (seq, color), &parents, me)?;
+        // A group that meets where its parent did not (one process's
+        // ranks of a world over several) has plans its parent's table
+        // never timed: the rules decide for it, the same on every member.
+        let mut tuning = inner.tuning.clone();
+        if inner.group.is_none() && shared::meeting_of(&*endpoint).is_some() {
+            tuning.table = None;
+        }
         Communicator::new(
             me,
             parents.len(),
@@ -1013,7 +1020,7 @@ impl Communicator {
             },
             joined.health,
             inner.timeout,
-            inner.tuning.clone(),
+            tuning,
         )
         .map(Some)
     }

@@ -30,6 +30,7 @@ use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
+use crate::transport::MakePlace;
 use crate::transport::mpi::hub::{Hub, Notice, Route};
 use crate::transport::mpi::{Layout, ends, split_id};
 
@@ -211,9 +212,17 @@ impl World {
         if let Some(t) = &tuned {
             tuning.units = t.table.units;
         }
+        // A split of this process's ranks alone meets on their device
+        // when they share one: its collectives run the shared device's
+        // kernels (the part of a two-level schedule inside a process).
+        let one_device = devices
+            .first()
+            .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
         let layout = Layout {
             group,
             process_of: process_of.clone(),
+            meet: None,
+            splits_meet: one_device.then_some(crate::runtime::shared::place as MakePlace),
         };
         let links: Vec<Arc<Link>> = ends::<Fingerprint>(&hub, layout)
             .into_iter()
@@ -365,6 +374,8 @@ fn tuned_over(
                 let layout = Layout {
                     group: split_id(u64::MAX - 1, place.number, u32::try_from(i).unwrap_or(0)),
                     process_of: place.process_of.to_vec(),
+                    meet: None,
+                    splits_meet: None,
                 };
                 ends::<Fingerprint>(hub, layout)
                     .into_iter()

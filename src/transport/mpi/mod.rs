@@ -23,7 +23,7 @@ use crossbeam::channel::Receiver;
 
 use self::hub::{Arrived, Frame, HEADER, Hub, Outgoing, Route};
 use super::staging::Landing;
-use super::{Body, Closed, LANES, Lane, Packet, Transport, Wake};
+use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
 pub(crate) trait Header: Sized {
@@ -39,6 +39,12 @@ pub(crate) struct Layout {
     pub group: u64,
     /// Each rank's process.
     pub process_of: Vec<usize>,
+    /// Where this group meets, when its ranks are all of one process and
+    /// share its device (a split's; the world's own group is made as a
+    /// device per rank even when it has a single process).
+    pub meet: Option<MakePlace>,
+    /// The same for the groups `split` makes of this process's ranks alone.
+    pub splits_meet: Option<MakePlace>,
 }
 
 /// One rank's end of a group spread over processes.
@@ -69,7 +75,9 @@ pub(crate) fn ends<H: Header + Send + 'static>(
     let layout = Arc::new(layout);
     let n = layout.process_of.len();
     // Ranks of several processes never all share one device: no meeting.
-    let mut local = super::local::mesh::<H>(n, None).into_iter();
+    let here = layout.process_of.iter().all(|&p| p == hub.process);
+    let meet = layout.meet.filter(|_| here);
+    let mut local = super::local::mesh::<H>(n, meet).into_iter();
     (0..n)
         .map(|me| {
             let here = local.next()?;
@@ -211,6 +219,10 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         }))
     }
 
+    fn meeting(&self) -> Option<Place> {
+        self.local.meeting()
+    }
+
     fn wake(&self) -> &Arc<Wake> {
         // One wake for both kinds of peer: a rank waits on one at a time.
         self.local.wake()
@@ -242,12 +254,16 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
     }
 
     fn split(&self, seq: u64, color: u32, members: &[usize]) -> Vec<Option<Arc<dyn Transport<H>>>> {
+        let process_of: Vec<usize> = members
+            .iter()
+            .map(|&r| self.layout.process_of.get(r).copied().unwrap_or(usize::MAX))
+            .collect();
+        let here = process_of.iter().all(|&p| p == self.hub.process);
         let layout = Layout {
             group: split_id(self.layout.group, seq, color),
-            process_of: members
-                .iter()
-                .map(|&r| self.layout.process_of.get(r).copied().unwrap_or(usize::MAX))
-                .collect(),
+            process_of,
+            meet: self.layout.splits_meet.filter(|_| here),
+            splits_meet: self.layout.splits_meet,
         };
         ends(&self.hub, layout)
     }
