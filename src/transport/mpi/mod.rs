@@ -74,10 +74,9 @@ pub(crate) fn ends<H: Header + Send + 'static>(
 ) -> Vec<Option<Arc<dyn Transport<H>>>> {
     let layout = Arc::new(layout);
     let n = layout.process_of.len();
-    // Ranks of several processes never all share one device: no meeting.
-    let here = layout.process_of.iter().all(|&p| p == hub.process);
-    let meet = layout.meet.filter(|_| here);
-    let mut local = super::local::mesh::<H>(n, meet).into_iter();
+    // Ranks of several processes never all share one device: only a
+    // group of this process's ranks alone has a `meet` (see `split`).
+    let mut local = super::local::mesh::<H>(n, layout.meet).into_iter();
     (0..n)
         .map(|me| {
             let here = local.next()?;
