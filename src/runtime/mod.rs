@@ -6,6 +6,7 @@
 pub(crate) mod claims;
 pub(crate) mod collectives;
 pub(crate) mod cost;
+pub(crate) mod estimate;
 pub(crate) mod fingerprint;
 pub(crate) mod flight;
 pub(crate) mod health;

@@ -22,61 +22,119 @@ use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
 
 /// The first line of a table's text.
-const FORMAT: &str = "wgpu-collectives tuning 2";
+const FORMAT: &str = "wgpu-collectives tuning 3";
 
-/// One plan's timed cost for one kind of collective: seconds at sizes
-/// (bytes per rank), ascending.
+/// One timed size of one plan: bytes per rank, the median seconds of its
+/// calls, and their spread (interquartile range over the median).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Point {
+    pub bytes: f64,
+    pub secs: f64,
+    pub spread: f64,
+}
+
+/// One plan's timed cost for one kind of collective: its points, by
+/// ascending size.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Cost {
-    points: Vec<(f64, f64)>,
+    points: Vec<Point>,
 }
 
 impl Cost {
-    /// The cost through `points` (bytes, seconds), in any order; `None`
-    /// without one, or with one not finite or below zero.
-    pub(crate) fn new(mut points: Vec<(f64, f64)>) -> Option<Cost> {
+    /// The cost through `points` (bytes, seconds), in any order, spread
+    /// unknown; `None` without one, or with one not finite or below zero.
+    #[cfg(test)]
+    pub(crate) fn new(points: Vec<(f64, f64)>) -> Option<Cost> {
+        Cost::from_points(
+            points
+                .into_iter()
+                .map(|(bytes, secs)| Point {
+                    bytes,
+                    secs,
+                    spread: 0.0,
+                })
+                .collect(),
+        )
+    }
+
+    /// The cost through `points`, in any order; `None` without one, or
+    /// with a figure not finite or below zero.
+    pub(crate) fn from_points(mut points: Vec<Point>) -> Option<Cost> {
         if points.is_empty()
-            || points
-                .iter()
-                .any(|&(b, s)| !(b.is_finite() && s.is_finite() && b >= 0.0 && s >= 0.0))
+            || points.iter().any(|p| {
+                ![p.bytes, p.secs, p.spread]
+                    .iter()
+                    .all(|v| v.is_finite() && *v >= 0.0)
+            })
         {
             return None;
         }
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        points.dedup_by(|a, b| a.0 == b.0);
+        points.sort_by(|a, b| a.bytes.total_cmp(&b.bytes));
+        points.dedup_by(|a, b| a.bytes == b.bytes);
         Some(Cost { points })
+    }
+
+    /// This cost with the point at `p.bytes` set to `p` (added where
+    /// there was none).
+    pub(crate) fn with(&self, p: Point) -> Cost {
+        let mut points: Vec<Point> = self
+            .points
+            .iter()
+            .copied()
+            .filter(|q| q.bytes != p.bytes)
+            .collect();
+        points.push(p);
+        points.sort_by(|a, b| a.bytes.total_cmp(&b.bytes));
+        Cost { points }
     }
 
     /// The largest size it was timed at (bytes).
     pub(crate) fn largest(&self) -> f64 {
-        self.points.last().map_or(0.0, |p| p.0)
+        self.points.last().map_or(0.0, |p| p.bytes)
     }
 
-    /// The sizes and times it was made from.
-    pub(crate) fn points(&self) -> &[(f64, f64)] {
+    /// The points it was made from.
+    pub(crate) fn points(&self) -> &[Point] {
         &self.points
+    }
+
+    /// The spread of the timed point nearest `bytes` (by ratio).
+    pub(crate) fn spread_near(&self, bytes: usize) -> f64 {
+        let x = bytes.max(1) as f64;
+        let d = |p: &Point| (p.bytes.max(1.0) / x).ln().abs();
+        self.points
+            .iter()
+            .min_by(|a, b| d(a).total_cmp(&d(b)))
+            .map_or(0.0, |p| p.spread)
     }
 
     /// Its estimate of a call of `bytes`, in seconds (never below zero).
     pub(crate) fn at(&self, bytes: usize) -> f64 {
         let x = bytes as f64;
         let p = &self.points;
-        let (Some(&first), Some(&last)) = (p.first(), p.last()) else {
+        let (Some(first), Some(last)) = (p.first(), p.last()) else {
             return 0.0;
         };
-        if x <= first.0 {
-            return first.1;
+        if x <= first.bytes {
+            return first.secs;
         }
-        if let Some((a, b)) = p.windows(2).map(|w| (w[0], w[1])).find(|(_, b)| x <= b.0) {
+        if let Some((a, b)) = p
+            .windows(2)
+            .map(|w| (w[0], w[1]))
+            .find(|(_, b)| x <= b.bytes)
+        {
             // Between two timed sizes: the line through them.
-            return a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0);
+            return a.secs + (b.secs - a.secs) * (x - a.bytes) / (b.bytes - a.bytes);
         }
         // Beyond the largest: the last range's line, never falling.
         match p.len().checked_sub(2).and_then(|i| p.get(i)) {
-            Some(&a) => last.1 + ((last.1 - a.1) / (last.0 - a.0)).max(0.0) * (x - last.0),
+            Some(a) => {
+                let slope = ((last.secs - a.secs) / (last.bytes - a.bytes)).max(0.0);
+                last.secs + slope * (x - last.bytes)
+            }
             // One size only: its time per byte.
-            None if first.0 > 0.0 => first.1 * x / first.0,
-            None => first.1,
+            None if first.bytes > 0.0 => first.secs * x / first.bytes,
+            None => first.secs,
         }
     }
 }
@@ -133,6 +191,14 @@ pub(crate) struct Table {
     /// Units per invocation the reduction kernel was timed fastest at
     /// (`kernel_shape.rs`).
     pub units: u64,
+    /// Whether it was timed with the ranks meeting on one device (the
+    /// placement a given table asks for); `None`: not said.
+    pub shared: Option<bool>,
+    /// When it was measured (seconds since 1970), when known.
+    pub measured: Option<u64>,
+    /// Some point's spread stayed too high to trust: the world that
+    /// measured it uses it, the next measures again.
+    pub second_look: bool,
 }
 
 impl Table {
@@ -195,7 +261,7 @@ impl Table {
             .entries
             .iter()
             .filter(|e| e.kind == Kind::AllReduce)
-            .flat_map(|e| e.cost.points().iter().map(|p| p.0))
+            .flat_map(|e| e.cost.points().iter().map(|p| p.bytes))
             .collect();
         sizes.sort_by(f64::total_cmp);
         sizes.dedup();
@@ -222,10 +288,20 @@ impl Table {
     /// Its text, measured under `key` (one line, no newline).
     pub(crate) fn to_text(&self, key: &str) -> String {
         let mut s = format!("{FORMAT}\nkey {key}\n");
+        if let Some(t) = self.measured {
+            s += &format!("measured {t}\n");
+        }
+        if let Some(shared) = self.shared {
+            s += if shared {
+                "placement shared\n"
+            } else {
+                "placement per-rank\n"
+            };
+        }
         for e in &self.entries {
             s += &format!("{} {}", e.kind.name(), e.plan.name());
-            for (bytes, secs) in e.cost.points() {
-                s += &format!(" {bytes}:{secs:e}");
+            for p in e.cost.points() {
+                s += &format!(" {}:{:e}~{:.3}", p.bytes, p.secs, p.spread);
             }
             s += "\n";
         }
@@ -235,80 +311,121 @@ impl Table {
             "host-fold other-bits\n"
         };
         s += &format!("kernel-units {}\n", self.units);
+        if self.second_look {
+            s += "second-look\n";
+        }
         s + "end\n"
     }
 
-    /// The table `text` holds, when it was measured under `key`; else why not.
-    pub(crate) fn from_text(text: &str, key: &str) -> Result<Table, String> {
-        let mut lines = text.lines();
-        if lines.next() != Some(FORMAT) {
+    /// The key line of `text`, if it has one.
+    pub(crate) fn key_of(text: &str) -> Option<&str> {
+        text.lines()
+            .filter(|l| !is_comment(l))
+            .nth(1)
+            .and_then(|l| l.trim_end().strip_prefix("key "))
+    }
+
+    /// The table `text` holds, when it was measured under `key` (`None`:
+    /// under any key, as a table a user gives); else why not. Blank lines
+    /// and lines that start with `#` are comments.
+    pub(crate) fn from_text(text: &str, key: Option<&str>) -> Result<Table, String> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !is_comment(l))
+            .map(|(i, l)| (i.saturating_add(1), l.trim_end()));
+        if lines.next().map(|l| l.1) != Some(FORMAT) {
             return Err(format!("not a tuning table of this format ({FORMAT:?})"));
         }
-        match lines.next().and_then(|l| l.strip_prefix("key ")) {
-            Some(k) if k == key => {}
-            Some(k) => return Err(format!("measured under {k:?}, not {key:?}")),
-            None => return Err("no key line".into()),
+        match (lines.next().and_then(|l| l.1.strip_prefix("key ")), key) {
+            (Some(k), Some(key)) if k != key => {
+                return Err(format!("measured under {k:?}, not {key:?}"));
+            }
+            (Some(_), _) => {}
+            (None, _) => return Err("no key line".into()),
         }
-        let mut entries = Vec::new();
+        let mut t = Table::default();
         let mut host_fold = None;
         let mut units = None;
         let mut ended = false;
-        for (i, line) in lines.enumerate() {
+        for (no, line) in lines {
             if ended {
-                return Err(format!("line {}: after the end", i.saturating_add(3)));
+                return Err(format!("line {no}: after the end"));
             }
-            if line == "end" {
-                ended = true;
-                continue;
-            }
-            match line.strip_prefix("host-fold ") {
-                Some("same-bits") => {
-                    host_fold = Some(true);
-                    continue;
-                }
-                Some("other-bits") => {
-                    host_fold = Some(false);
-                    continue;
-                }
-                _ => {}
-            }
-            let bad = || format!("line {}: {line:?}", i.saturating_add(3));
-            if let Some(u) = line.strip_prefix("kernel-units ") {
-                units = Some(u.parse::<u64>().ok().filter(|&u| u > 0).ok_or_else(bad)?);
-                continue;
-            }
+            let bad = || format!("line {no}: {line:?}");
             let mut f = line.split_whitespace();
-            let (Some(kind), Some(plan)) = (f.next(), f.next()) else {
+            let (Some(first), second) = (f.next(), f.next()) else {
                 return Err(bad());
             };
-            let kind = Kind::ALL
-                .iter()
-                .copied()
-                .find(|k| k.name() == kind)
-                .ok_or_else(bad)?;
-            let plan = Plan::parse(plan).ok_or_else(bad)?;
-            let points = f
-                .map(|p| {
-                    let (b, s) = p.split_once(':')?;
-                    Some((b.parse::<f64>().ok()?, s.parse::<f64>().ok()?))
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(bad)?;
-            let cost = Cost::new(points).ok_or_else(bad)?;
-            entries.push(Entry { kind, plan, cost });
+            match (first, second) {
+                ("end", None) => ended = true,
+                ("second-look", None) => t.second_look = true,
+                ("host-fold", Some("same-bits")) => host_fold = Some(true),
+                ("host-fold", Some("other-bits")) => host_fold = Some(false),
+                ("placement", Some("shared")) => t.shared = Some(true),
+                ("placement", Some("per-rank")) => t.shared = Some(false),
+                ("measured", Some(at)) => t.measured = Some(at.parse().map_err(|_| bad())?),
+                ("kernel-units", Some(u)) => {
+                    units = Some(u.parse::<u64>().ok().filter(|&u| u > 0).ok_or_else(bad)?);
+                }
+                (kind, Some(plan)) => {
+                    let kind = Kind::ALL
+                        .iter()
+                        .copied()
+                        .find(|k| k.name() == kind)
+                        .ok_or_else(bad)?;
+                    let plan = Plan::parse(plan).ok_or_else(bad)?;
+                    let points = f
+                        .map(|p| {
+                            let (bytes, rest) = p.split_once(':')?;
+                            let (secs, spread) = rest.split_once('~').unwrap_or((rest, "0"));
+                            Some(Point {
+                                bytes: bytes.parse().ok()?,
+                                secs: secs.parse().ok()?,
+                                spread: spread.parse().ok()?,
+                            })
+                        })
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(bad)?;
+                    let cost = Cost::from_points(points).ok_or_else(bad)?;
+                    t.entries.push(Entry { kind, plan, cost });
+                }
+                _ => return Err(bad()),
+            }
         }
         if !ended {
             // Cut short: a line may have lost its last digits.
             return Err("no end line (truncated?)".into());
         }
-        let host_fold = host_fold.ok_or("no host-fold line")?;
-        let units = units.ok_or("no kernel-units line")?;
-        Ok(Table {
-            entries,
-            host_fold,
-            units,
-        })
+        t.host_fold = host_fold.ok_or("no host-fold line")?;
+        t.units = units.ok_or("no kernel-units line")?;
+        Ok(t)
     }
+
+    /// The table with `kind`'s `plan` costed `p` at `p.bytes` (the point
+    /// there replaced, or added).
+    pub(crate) fn with_point(&self, kind: Kind, plan: Plan, p: Point) -> Table {
+        let mut t = self.clone();
+        match t
+            .entries
+            .iter_mut()
+            .find(|e| e.kind == kind && e.plan == plan)
+        {
+            Some(e) => e.cost = e.cost.with(p),
+            None => {
+                if let Some(cost) = Cost::from_points(vec![p]) {
+                    t.entries.push(Entry { kind, plan, cost });
+                }
+            }
+        }
+        t
+    }
+}
+
+/// Whether a table's line is a comment (or blank).
+fn is_comment(line: &str) -> bool {
+    let l = line.trim();
+    l.is_empty() || l.starts_with('#')
 }
 
 #[cfg(test)]
@@ -364,6 +481,7 @@ mod tests {
             ],
             host_fold: true,
             units: 4,
+            ..Table::default()
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 1024, |_| true),
@@ -403,6 +521,7 @@ mod tests {
             ],
             host_fold: true,
             units: 4,
+            ..Table::default()
         };
         assert_eq!(
             t.choose(Kind::AllReduce, 16 << 20, |_| true),
@@ -442,6 +561,7 @@ mod tests {
             ],
             host_fold: true,
             units: 4,
+            ..Table::default()
         };
         for bytes in [1usize << 20, 4 << 20, 64 << 20, 1 << 30] {
             assert_eq!(
@@ -468,6 +588,7 @@ mod tests {
             }],
             host_fold: true,
             units: 4,
+            ..Table::default()
         };
         let base = CostModel {
             alpha: std::time::Duration::from_micros(7),
@@ -495,15 +616,44 @@ mod tests {
             }],
             host_fold: true,
             units: 4,
+            shared: Some(true),
+            measured: Some(1_733_000_000),
+            second_look: true,
         };
         let text = t.to_text("llvmpipe|4 ranks");
-        assert_eq!(Table::from_text(&text, "llvmpipe|4 ranks"), Ok(t.clone()));
-        assert!(Table::from_text(&text, "llvmpipe|8 ranks").is_err());
+        assert_eq!(
+            Table::from_text(&text, Some("llvmpipe|4 ranks")),
+            Ok(t.clone())
+        );
+        // The spread is kept, to three places.
+        let spread = Table {
+            entries: vec![Entry {
+                kind: Kind::AllReduce,
+                plan: Plan::HostRing,
+                cost: Cost::from_points(vec![Point {
+                    bytes: 4096.0,
+                    secs: 1e-4,
+                    spread: 0.125,
+                }])
+                .unwrap(),
+            }],
+            ..t.clone()
+        };
+        assert_eq!(
+            Table::from_text(&spread.to_text("k"), Some("k")),
+            Ok(spread.clone())
+        );
+        // As a user gives it: comments and blank lines anywhere, any key.
+        let given = format!("# printed by wgpu-collectives tune\n\n{}", text.replace("end\n", "# the end\nend\n"));
+        assert_eq!(Table::from_text(&given, None), Ok(t.clone()));
+        assert_eq!(Table::key_of(&given), Some("llvmpipe|4 ranks"));
+        assert!(Table::from_text(&given, Some("another machine")).is_err());
+        assert!(Table::from_text(&text, Some("llvmpipe|8 ranks")).is_err());
         let other = Table {
             host_fold: false,
             ..t.clone()
         };
-        let back = Table::from_text(&other.to_text("k"), "k");
+        let back = Table::from_text(&other.to_text("k"), Some("k"));
         assert_eq!(back.map(|b| b.host_fold), Ok(false));
         for junk in [
             "",
@@ -516,9 +666,12 @@ mod tests {
             &text.replace("host-fold same-bits\n", ""),
             &text.replace("kernel-units 4\n", ""),
             &text.replace("kernel-units 4\n", "kernel-units 0\n"),
+            &text.replace("placement shared", "placement everywhere"),
+            &text.replace("measured 1733000000", "measured yesterday"),
+            &text.replace("wgpu-collectives tuning 3", "wgpu-collectives tuning 2"),
         ] {
             assert!(
-                Table::from_text(junk, "llvmpipe|4 ranks").is_err(),
+                Table::from_text(junk, Some("llvmpipe|4 ranks")).is_err(),
                 "{junk:?}"
             );
         }

@@ -1,0 +1,220 @@
+//! Tuning a world by timing its plans on its own devices, and the cache
+//! that spares the next world on the same machine the measurement.
+//!
+//! When a world is made (`WGPU_COLLECTIVES_TUNE=measure` or `cached`, or
+//! [`WorldConfig::with_tune`]), every plan that can run there times
+//! all_reduce, reduce_scatter, all_gather and broadcast at a few sizes on
+//! the world's own devices, through a world of its own over the same
+//! devices and links of the same kind (`timing.rs`), on a schedule that a
+//! busy machine cannot fool (`runtime/estimate.rs`); the planner then
+//! chooses from the points (`runtime/tune.rs`) and the table heals as the
+//! world runs (`runtime/heal.rs`). The table is cached under a key naming
+//! everything that changes speed (`cache.rs`); a table given by the user
+//! ([`WorldConfig::with_tune_table`]) is taken as it is, under any key,
+//! and never healed. A forced plan or algorithm tunes nothing: it wins
+//! anyway.
+
+pub(crate) mod cache;
+pub(crate) mod placement;
+pub(crate) mod timing;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::api::world::WorldConfig;
+use crate::device::RankDevice;
+use crate::error::{Error, Result};
+use crate::runtime::cost::Algorithm;
+use crate::runtime::estimate::{self, Series};
+use crate::runtime::kernel_shape;
+use crate::runtime::planner::Tuning;
+use crate::runtime::same_bits;
+use crate::runtime::tune::Table;
+
+pub(crate) use placement::{Measured, placement_for};
+pub(crate) use timing::{KINDS, Over, measure_over};
+
+/// Whether a world times its plans (`WGPU_COLLECTIVES_TUNE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Tune {
+    /// The planner's rules and cost model decide, as they were tuned on
+    /// one lavapipe machine: for a world whose choices must not depend on
+    /// timing (tests of the rules, reproducing a run elsewhere). Nothing
+    /// heals.
+    Off,
+    /// The cached table when there is one for this machine and world,
+    /// else measure and cache (the default); the table heals as the
+    /// world runs.
+    #[default]
+    Cached,
+    /// Measure, and cache what was measured; the table heals as the
+    /// world runs.
+    Measure,
+}
+
+impl Tune {
+    /// `off`, `cached` or `measure`.
+    pub fn parse(s: &str) -> Option<Tune> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(Tune::Off),
+            "cached" => Some(Tune::Cached),
+            "measure" => Some(Tune::Measure),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tune::Off => "off",
+            Tune::Cached => "cached",
+            Tune::Measure => "measure",
+        }
+    }
+}
+
+/// A world's tuning: the table, its text (as the cache holds it), the
+/// key it is kept under and the cache file it was read from or written
+/// to; whether it heals (not a table the user gave).
+#[derive(Debug, Clone)]
+pub(crate) struct Tuned {
+    pub table: Arc<Table>,
+    pub text: String,
+    pub key: String,
+    pub path: Option<PathBuf>,
+    pub heals: bool,
+}
+
+/// The table `config` gives ([`WorldConfig::with_tune_table`]), when it
+/// gives one; text that is not a table is [`Error::InvalidArgument`]
+/// naming the line.
+pub(crate) fn given(config: &WorldConfig) -> Result<Option<Tuned>> {
+    let Some(text) = config.tune_table() else {
+        return Ok(None);
+    };
+    let table = Table::from_text(text, None).map_err(|why| Error::InvalidArgument {
+        rank: None,
+        what: format!("WorldConfig::with_tune_table: {why}"),
+    })?;
+    Ok(Some(Tuned {
+        key: Table::key_of(text).unwrap_or_default().to_string(),
+        table: Arc::new(table),
+        text: text.to_string(),
+        path: None,
+        heals: false,
+    }))
+}
+
+/// The tuning table for a world of `devices` (meeting on one device when
+/// `meets`), as `config` asks: `None` when it tunes nothing.
+pub(crate) fn table_for(
+    config: &WorldConfig,
+    devices: &[Arc<RankDevice>],
+    meets: bool,
+    tuning: &Tuning,
+) -> Result<Option<Tuned>> {
+    let mode = config.tune()?;
+    let n = devices.len();
+    if n < 2 || tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
+        return Ok(None);
+    }
+    if let Some(t) = given(config)? {
+        return Ok(Some(t));
+    }
+    if mode == Tune::Off {
+        return Ok(None);
+    }
+    let key = cache::key(devices, n, meets, "one process");
+    // One measurement at a time in a process: worlds made at once (a
+    // test binary's threads) wait for the first to cache its table, and
+    // no timing runs beside another.
+    let _one = one_at_a_time();
+    if mode == Tune::Cached {
+        if let Some((table, text, path)) = cache::read(config, &key) {
+            return Ok(Some(Tuned {
+                table: Arc::new(table),
+                text,
+                key,
+                path: Some(path),
+                heals: true,
+            }));
+        }
+    }
+    let Some(first) = devices.first() else {
+        return Ok(None);
+    };
+    let start = Instant::now();
+    let tuning = &agreed(first, n, tuning)?;
+    let series = timing::measure(config, devices, meets, tuning, &KINDS)?;
+    Ok(Some(keep(config, key, meets, &series, tuning, start)))
+}
+
+/// The table of `series`, measured since `start` under `key`, logged
+/// and cached.
+pub(crate) fn keep(
+    config: &WorldConfig,
+    key: String,
+    meets: bool,
+    series: &[Series],
+    tuning: &Tuning,
+    start: Instant,
+) -> Tuned {
+    let table = Table {
+        entries: estimate::entries(series),
+        host_fold: tuning.host_fold,
+        units: tuning.units,
+        shared: Some(meets),
+        measured: Some(cache::now()),
+        second_look: estimate::doubtful(series),
+    };
+    tracing::info!(
+        ms = start.elapsed().as_secs_f64() * 1e3,
+        entries = table.entries.len(),
+        second_look = table.second_look,
+        "world: plans timed on its devices"
+    );
+    let text = table.to_text(&key);
+    let path = config
+        .tune_cache()
+        .map(|dir| dir.join(cache::file_name(&key)))
+        .filter(|path| cache::write(path, &text, "the tuning table"));
+    Tuned {
+        table: Arc::new(table),
+        text,
+        key,
+        path,
+        heals: true,
+    }
+}
+
+/// `tuning` with what is measured on `first` before any plan is timed:
+/// the reduction kernel's fastest shape (`runtime/kernel_shape.rs`, set on
+/// `first`'s kernels), and whether the host folds its bits
+/// (`runtime/same_bits.rs`: the host ring is offered only then).
+pub(crate) fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
+    let ranks = u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(Tuning {
+        units: kernel_shape::fastest(first)?,
+        host_fold: same_bits::host_fold_agrees(first, ranks)?,
+        ..tuning.clone()
+    })
+}
+
+/// Whether the host ring may run under a table given by the user: where
+/// the table says the host folded its machine's adapter's bits, and the
+/// host folds this one's too (a table from another machine must not make
+/// results depend on the plan here).
+pub(crate) fn given_host_fold(first: &RankDevice, n: usize, table: &Table) -> Result<bool> {
+    let ranks = u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(table.host_fold && same_bits::host_fold_agrees(first, ranks)?)
+}
+
+/// The process-wide turn to measure (or read what the last turn cached).
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A measurement that panicked left nothing half-done that matters.
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
