@@ -46,6 +46,7 @@ pub struct WorldConfig {
     placement: Option<Placement>,
     tune: Option<Tune>,
     tune_cache: Option<PathBuf>,
+    tune_table: Option<String>,
     expected: Option<(usize, usize)>,
     /// A world tuning makes to time a plan: it logs nothing of its own.
     pub(crate) quiet: bool,
@@ -78,6 +79,7 @@ impl WorldConfig {
             placement: None,
             tune: None,
             tune_cache: None,
+            tune_table: None,
             expected: None,
             quiet: false,
         }
@@ -217,6 +219,47 @@ impl WorldConfig {
         self
     }
 
+    /// The tuning table the planner chooses from, as `wgpu-collectives
+    /// tune` prints it or a cache file holds it (comments included),
+    /// whatever machine its key names: to reproduce another machine's
+    /// choices, or to test what the planner does with given figures. The
+    /// world measures nothing, reads and writes no cache, and the table
+    /// never heals. Text that is not a table makes [`World::new`] fail
+    /// with [`Error::InvalidArgument`] naming the line.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let table = "# my laptop's
+    /// wgpu-collectives tuning 3
+    /// key anything
+    /// host-fold other-bits
+    /// kernel-units 1
+    /// all_reduce device-ring 4096:1e-4 1048576:2e-3
+    /// all_reduce one-shot 4096:5e-5 1048576:9e-3
+    /// ";
+    /// let world = World::new(
+    ///     WorldConfig::new(2)
+    ///         .with_placement(Placement::DevicePerRank)
+    ///         .with_tune_table(table),
+    /// )?;
+    /// let plans = world.run(|c| -> Result<_, Error> {
+    ///     let x = c.tensor(&[1.0f32; 1024])?;
+    ///     c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+    ///     Ok(c.flight_record().ranks[c.rank()].last().and_then(|e| e.plan))
+    /// })?;
+    /// assert_eq!(plans[0].clone()?, Some(Plan::OneShot));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_tune_table(mut self, text: impl Into<String>) -> Self {
+        self.tune_table = Some(text.into());
+        self
+    }
+
+    pub(crate) fn tune_table(&self) -> Option<&str> {
+        self.tune_table.as_deref()
+    }
+
     /// The sizes (bytes per rank) the world's collectives will mostly
     /// move, from `lo` to `hi`: where timing finds each placement faster
     /// at some of them, a tuning `Auto` placement keeps the one faster
@@ -253,7 +296,7 @@ impl WorldConfig {
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             })
-            .or_else(crate::api::tune::default_cache)
+            .or_else(crate::api::tune::cache::default_dir)
     }
 
     /// Number of ranks.

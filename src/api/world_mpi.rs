@@ -107,12 +107,20 @@ impl World {
         let algorithm = config.algorithm()?;
         let plan = config.plan()?;
         let timeout_ms = u64::try_from(config.timeout().as_millis()).unwrap_or(u64::MAX);
+        let mode = config.tune()?;
+        let modes = [Tune::Off, Tune::Cached, Tune::Measure];
+        // A table given by the user, by a hash of its text (0: none).
+        let gift = config
+            .tune_table()
+            .map_or(0, |t| crate::hash::fnv1a(t.bytes().map(u64::from)).max(1));
         let mine = vec![
             local as u64,
             number,
             algorithm as u64,
             timeout_ms,
             Plan::code(plan),
+            modes.iter().position(|&m| m == mode).unwrap_or(0) as u64,
+            gift,
         ];
         let said = hub
             .all_gather(mine.clone(), config.timeout())
@@ -125,7 +133,7 @@ impl World {
                 .chunks(mine.len())
                 .enumerate()
                 .map(|(process, s)| match s {
-                    [l, n, a, t, p] => {
+                    [l, n, a, t, p, m, g] => {
                         let a = [
                             Algorithm::Auto,
                             Algorithm::Ring,
@@ -136,9 +144,19 @@ impl World {
                         .find(|&x| x as u64 == *a)
                         .map_or("?", Algorithm::name);
                         let plan = Plan::from_code(*p).map_or("none", Plan::name);
+                        let mode = usize::try_from(*m)
+                            .ok()
+                            .and_then(|m| modes.get(m))
+                            .map_or("?", |m| m.name());
+                        let table = if *g == 0 {
+                            "none".to_string()
+                        } else {
+                            format!("{g:016x}")
+                        };
                         format!(
                             "process {process}: {l} ranks, world #{n}, algorithm {a}, plan {plan}, \
-                             timeout {t} ms"
+                             timeout {t} ms, WGPU_COLLECTIVES_TUNE={mode}, table given by \
+                             with_tune_table {table}"
                         )
                     }
                     _ => format!("process {process}: ?"),
@@ -176,11 +194,11 @@ impl World {
         // Decisions must match across processes: process 0's figures
         // (its cost model, and whether the host folds its adapter's bits).
         let mut measured = config.tuning(first)?;
-        let tunes = config.tune()? != Tune::Off
+        let tunes = (mode != Tune::Off || gift != 0)
             && total >= 2
             && measured.plan.is_none()
             && measured.algorithm == Algorithm::Auto;
-        if tunes {
+        if tunes && gift == 0 {
             measured = tune::agreed(first, total, &measured)?;
         }
         let figures = hub
@@ -211,6 +229,11 @@ impl World {
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
         if let Some(t) = &tuned {
             tuning.units = t.table.units;
+            if !t.heals {
+                // A given table lets the host ring run only where it says
+                // the host folded its own machine's bits too.
+                tuning.host_fold &= t.table.host_fold;
+            }
         }
         // A split of this process's ranks alone meets on their device
         // when they share one: its collectives run the shared device's
@@ -352,19 +375,17 @@ fn tuned_over(
         process: Some(process),
         what,
     };
-    let first = devices.first().ok_or_else(|| Error::InvalidArgument {
-        rank: None,
-        what: "a world needs at least one rank".into(),
-    })?;
-    let key = format!(
-        "{} | {} processes",
-        tune::key(first, total, false),
-        hub.processes
-    );
+    if let Some(given) = tune::given(config)? {
+        // The same text on every process: the world agreed on its hash.
+        return Ok(given);
+    }
+    let layout = format!("{} processes x {}", hub.processes, place.local.1);
+    let key = tune::cache::key(devices, total, false, &layout);
     let cached = (process == 0 && config.tune()? == Tune::Cached)
-        .then(|| tune::cached_under(config, &key))
+        .then(|| tune::cache::read(config, &key))
         .flatten();
-    let text = match share_text(hub, cached.as_ref().map(|t| t.text.as_str()), limit)
+    let start = std::time::Instant::now();
+    let text = match share_text(hub, cached.as_ref().map(|t| t.1.as_str()), limit)
         .map_err(transport)?
     {
         Some(text) => text,
@@ -384,48 +405,53 @@ fn tuned_over(
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| transport("a rank of this process has no link".into()))
             };
-            let agree = |v: f64| -> Result<f64> {
+            // Each figure the largest any process measured.
+            let agree = |v: &[f64]| -> Result<Vec<f64>> {
                 let all = hub
-                    .all_gather(vec![v.to_bits()], limit)
+                    .all_gather(v.iter().map(|x| x.to_bits()).collect(), limit)
                     .map_err(transport)?;
                 // Times are not negative: their bits order as they do.
-                Ok(f64::from_bits(all.into_iter().max().unwrap_or(0)))
+                Ok((0..v.len())
+                    .map(|i| {
+                        let bits = all.iter().skip(i).step_by(v.len().max(1)).copied();
+                        f64::from_bits(bits.max().unwrap_or(0))
+                    })
+                    .collect())
             };
             let over = Over {
                 ranks: (base, total),
                 links: &links,
                 agree: &agree,
             };
-            let entries = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
-            let mine = Table {
-                entries,
-                host_fold: tuning.host_fold,
-                units: tuning.units,
-            }
-            .to_text(&key);
+            let series = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
+            let mine = tune::table_of(false, &series, tuning).to_text(&key);
             let text = share_text(hub, (process == 0).then_some(mine.as_str()), limit)
                 .map_err(transport)?
                 .ok_or_else(|| transport("process 0 sent no tuning table".into()))?;
+            tracing::info!(
+                ms = start.elapsed().as_secs_f64() * 1e3,
+                "world over MPI: plans timed by every process together"
+            );
             if process == 0 {
-                if let Some(path) = config.tune_cache().map(|d| d.join(tune::file_name(&key))) {
-                    tune::cache(&path, &text, "the tuning table");
+                // Only process 0 keeps a cache.
+                if let Some(path) = config
+                    .tune_cache()
+                    .map(|d| d.join(tune::cache::file_name(&key)))
+                {
+                    tune::cache::write(&path, &text, "the tuning table");
                 }
             }
             text
         }
     };
-    // Process 0's key, whatever this process's adapter is called.
-    let key0 = text
-        .lines()
-        .nth(1)
-        .and_then(|l| l.strip_prefix("key "))
-        .unwrap_or_default();
-    let table = Table::from_text(&text, key0)
+    let table = Table::from_text(&text, None)
         .map_err(|why| transport(format!("process 0's tuning table: {why}")))?;
     Ok(Tuned {
         table: Arc::new(table),
-        path: cached.and_then(|t| t.path),
+        path: cached.map(|t| t.2),
+        key: Table::key_of(&text).unwrap_or_default().to_string(),
         text,
+        heals: true,
     })
 }
 

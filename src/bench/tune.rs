@@ -52,10 +52,41 @@ pub fn run(argv: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             |p| p.display().to_string()
         )
     );
+    let measured = table
+        .lines()
+        .find_map(|l| l.strip_prefix("measured "))
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match measured {
+        Some(at) => println!(
+            "# age: measured {} ago (unix time {at})",
+            age(now.saturating_sub(at))
+        ),
+        None => println!("# age: unknown (the table does not say when it was measured)"),
+    }
     println!(
-        "# each line: kind, plan, then bytes each rank moves:seconds at each size timed \
-         (the planner costs a size between two along the line through them)"
+        "# each line: kind, plan, then bytes each rank moves:seconds~spread at each size \
+         timed: the median call, and the interquartile range over the median (the planner \
+         costs a size between two along the line through them)"
     );
+    if table.lines().any(|l| l == "second-look") {
+        println!(
+            "# second-look: some points stayed too spread to trust (a busy machine); this \
+             world uses the table, the next one measures again"
+        );
+    }
     print!("{table}");
     Ok(())
+}
+
+/// `secs` as a person reads an age.
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{} h", s / 3600),
+        s => format!("{} days", s / 86_400),
+    }
 }

@@ -14,7 +14,7 @@ use crate::op::ReduceOp;
 macro_rules! kinds {
     ($($kind:ident($module:ident::$unit:ident) => $name:literal,)*) => {
         /// The kinds of collective.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub(crate) enum Kind {
             $(#[doc = $name] $kind,)*
         }

@@ -644,7 +644,10 @@ mod tests {
             Ok(spread.clone())
         );
         // As a user gives it: comments and blank lines anywhere, any key.
-        let given = format!("# printed by wgpu-collectives tune\n\n{}", text.replace("end\n", "# the end\nend\n"));
+        let given = format!(
+            "# printed by wgpu-collectives tune\n\n{}",
+            text.replace("end\n", "# the end\nend\n")
+        );
         assert_eq!(Table::from_text(&given, None), Ok(t.clone()));
         assert_eq!(Table::key_of(&given), Some("llvmpipe|4 ranks"));
         assert!(Table::from_text(&given, Some("another machine")).is_err());

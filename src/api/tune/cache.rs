@@ -49,7 +49,12 @@ pub(crate) fn cpu() -> String {
 /// What a table of `n` ranks on `devices` (meeting on one device when
 /// `meets`) is measured under, on one line; `layout` names how the ranks
 /// spread over processes.
-pub(crate) fn key(devices: &[std::sync::Arc<RankDevice>], n: usize, meets: bool, layout: &str) -> String {
+pub(crate) fn key(
+    devices: &[std::sync::Arc<RankDevice>],
+    n: usize,
+    meets: bool,
+    layout: &str,
+) -> String {
     let mut adapters: Vec<String> = devices
         .iter()
         .map(|d| {
@@ -175,10 +180,17 @@ mod tests {
     #[test]
     fn the_build_names_its_profile_and_what_it_is_built_from() {
         let b = build();
-        let profile = if cfg!(debug_assertions) { "debug " } else { "release " };
+        let profile = if cfg!(debug_assertions) {
+            "debug "
+        } else {
+            "release "
+        };
         assert!(b.starts_with(profile), "{b}");
         assert!(b.contains("| wgpu 30."), "{b}");
-        assert!(b.contains(&format!("source {}", env!("CARGO_PKG_VERSION"))), "{b}");
+        assert!(
+            b.contains(&format!("source {}", env!("CARGO_PKG_VERSION"))),
+            "{b}"
+        );
         // The source hash is 16 hex digits.
         let hash = b.rsplit(' ').next().unwrap_or_default();
         assert_eq!(hash.len(), 16, "{b}");

@@ -161,14 +161,7 @@ pub(crate) fn keep(
     tuning: &Tuning,
     start: Instant,
 ) -> Tuned {
-    let table = Table {
-        entries: estimate::entries(series),
-        host_fold: tuning.host_fold,
-        units: tuning.units,
-        shared: Some(meets),
-        measured: Some(cache::now()),
-        second_look: estimate::doubtful(series),
-    };
+    let table = table_of(meets, series, tuning);
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         entries = table.entries.len(),
@@ -186,6 +179,19 @@ pub(crate) fn keep(
         key,
         path,
         heals: true,
+    }
+}
+
+/// The table of `series`, timed now on ranks that meet on one device
+/// when `meets`.
+pub(crate) fn table_of(meets: bool, series: &[Series], tuning: &Tuning) -> Table {
+    Table {
+        entries: estimate::entries(series),
+        host_fold: tuning.host_fold,
+        units: tuning.units,
+        shared: Some(meets),
+        measured: Some(cache::now()),
+        second_look: estimate::doubtful(series),
     }
 }
 

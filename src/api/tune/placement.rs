@@ -15,12 +15,14 @@ use std::time::Instant;
 
 use crate::api::bootstrap::devices_on;
 use crate::api::placement::Placement;
-use crate::api::tune::{Tune, Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, table_for, timing};
+use crate::api::tune::{
+    Tune, Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, table_for, timing,
+};
 use crate::api::world::WorldConfig;
 use crate::device::RankDevice;
 use crate::error::Result;
 use crate::runtime::cost::Algorithm;
-use crate::runtime::estimate::{self, Series};
+use crate::runtime::estimate::Series;
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::planner::Tuning;
 use crate::runtime::tune::Point;
@@ -303,7 +305,8 @@ mod tests {
 
     #[test]
     fn the_choice_round_trips() {
-        let dir = std::env::temp_dir().join(format!("wgpu-collectives-choice-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("wgpu-collectives-choice-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join("c");
         let p = pts(&[(4096, 1e-4, 0.0)]);

@@ -115,7 +115,6 @@ pub(crate) fn measure_over(
         let forced = Tuning {
             plan: Some(plan),
             table: None,
-            heal: None,
             ..tuning.clone()
         };
         let links = (over.links)(i)?;
