@@ -197,6 +197,7 @@ impl Communicator {
             timeout,
             inflight: inflight.clone(),
             group: group.clone(),
+            watch: None,
         };
         let handle = std::thread::Builder::new()
             .name(format!("progress-{rank}"))
@@ -1007,6 +1008,10 @@ impl Communicator {
         // ranks of a world over several) has plans its parent's table
         // never timed: the rules decide for it, the same on every member.
         let mut tuning = inner.tuning.clone();
+        // A split's sequence numbers are its own: it keeps its parent's
+        // first table and does not heal.
+        tuning.heal = None;
+        tuning.prefer = None;
         if inner.group.is_none() && shared::meeting_of(&*endpoint).is_some() {
             tuning.table = None;
         }

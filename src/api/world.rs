@@ -13,11 +13,12 @@ use std::time::Duration;
 use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
 use crate::api::placement::Placement;
-use crate::api::tune::{Tune, Tuned};
+use crate::api::tune::{Tune, Tuned, cache};
 use crate::device::{RankDevice, Wants};
 use crate::error::{Error, Result, panic_message};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::flight::FlightRecord;
+use crate::runtime::heal::Heal;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
@@ -47,6 +48,7 @@ pub struct WorldConfig {
     tune: Option<Tune>,
     tune_cache: Option<PathBuf>,
     tune_table: Option<String>,
+    heal: Option<bool>,
     expected: Option<(usize, usize)>,
     /// A world tuning makes to time a plan: it logs nothing of its own.
     pub(crate) quiet: bool,
@@ -80,6 +82,7 @@ impl WorldConfig {
             tune: None,
             tune_cache: None,
             tune_table: None,
+            heal: None,
             expected: None,
             quiet: false,
         }
@@ -260,6 +263,36 @@ impl WorldConfig {
         self.tune_table.as_deref()
     }
 
+    /// Whether a tuned world corrects its table as it runs: when its
+    /// collectives take longer than the table predicted, or a rival plan
+    /// is predicted within the noise, the calls themselves time the
+    /// contenders, every rank switches at the same collective, and the
+    /// cache is rewritten (default: the `WGPU_COLLECTIVES_HEAL`
+    /// environment variable, `on` or `off`, else on). A table given by
+    /// [`with_tune_table`](Self::with_tune_table) never heals; nor does a
+    /// world over several processes yet, nor a group `split` makes.
+    pub fn with_healing(mut self, heal: bool) -> Self {
+        self.heal = Some(heal);
+        self
+    }
+
+    pub(crate) fn heals(&self) -> Result<bool> {
+        if let Some(h) = self.heal {
+            return Ok(h);
+        }
+        match std::env::var("WGPU_COLLECTIVES_HEAL") {
+            Ok(s) if !s.trim().is_empty() => match s.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "yes" => Ok(true),
+                "off" | "0" | "no" => Ok(false),
+                _ => Err(Error::InvalidArgument {
+                    rank: None,
+                    what: format!("WGPU_COLLECTIVES_HEAL={s:?}: on or off"),
+                }),
+            },
+            _ => Ok(true),
+        }
+    }
+
     /// The sizes (bytes per rank) the world's collectives will mostly
     /// move, from `lo` to `hi`: where timing finds each placement faster
     /// at some of them, a tuning `Auto` placement keeps the one faster
@@ -296,7 +329,7 @@ impl WorldConfig {
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             })
-            .or_else(crate::api::tune::cache::default_dir)
+            .or_else(cache::default_dir)
     }
 
     /// Number of ranks.
@@ -364,6 +397,8 @@ impl WorldConfig {
             host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
             units: 0,
             table: None,
+            heal: None,
+            prefer: None,
         })
     }
 
@@ -566,6 +601,17 @@ impl World {
             // Measured, not assumed from the adapter's type.
             tuning.host_fold = t.table.host_fold;
             tuning.units = t.table.units;
+            if t.heals && n > 1 && !config.quiet && config.heals()? {
+                let (key, path) = (t.key.clone(), t.path.clone());
+                tuning.heal = Some(Arc::new(Heal::new(
+                    t.table.clone(),
+                    Box::new(move |table| {
+                        if let Some(path) = &path {
+                            cache::write(path, &table.to_text(&key), "the healed tuning table");
+                        }
+                    }),
+                )));
+            }
         }
         let links = mesh(n, meets.then_some(shared::place as MakePlace));
         let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
@@ -914,6 +960,9 @@ impl World {
             c.reset()?;
         }
         self.health.reset();
+        if let Some(heal) = &self.tuning.heal {
+            heal.new_run();
+        }
         let f = &f;
         let outcomes: Vec<std::thread::Result<T>> = std::thread::scope(|s| {
             let handles: Vec<_> = self

@@ -201,7 +201,7 @@ pub(crate) fn run<E>(
                         .is_some_and(|t| t.looks.len() == 1)
                 })
                 .collect();
-            if !doubted.is_empty() && !(last > 1 << 20 && spent()?) {
+            if !(doubted.is_empty() || (last > 1 << 20 && spent()?)) {
                 let mut turn = doubted.clone();
                 for &s in &doubted {
                     let best = series.get(s).and_then(|x| best(&series, x.kind, last));

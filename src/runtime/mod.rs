@@ -9,6 +9,7 @@ pub(crate) mod cost;
 pub(crate) mod estimate;
 pub(crate) mod fingerprint;
 pub(crate) mod flight;
+pub(crate) mod heal;
 pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod host_ring;

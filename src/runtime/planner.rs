@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use crate::runtime::collectives::Collective;
 use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
+use crate::runtime::heal::Heal;
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
 
 /// What the planner chooses from: what the user
 /// forced, and figures measured on rank 0's device that every rank shares.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Tuning {
     pub algorithm: Algorithm,
     /// A plan forced by the user, for the collectives that offer it.
@@ -35,6 +36,11 @@ pub(crate) struct Tuning {
     /// What timing the plans on the world's devices found (`tune.rs`),
     /// when the world was tuned: it chooses where it has the kind.
     pub table: Option<Arc<Table>>,
+    /// The world's healing (`heal.rs`): it replaces `table` and sets
+    /// `prefer` at each collective. Not a split's.
+    pub heal: Option<Arc<Heal>>,
+    /// The plan this call runs where it can, as healing explores.
+    pub prefer: Option<Plan>,
 }
 
 impl Tuning {
@@ -104,6 +110,15 @@ impl Tuning {
     }
 }
 
+/// The bytes each rank moves in `what`, as tuning tables count them.
+pub(crate) fn bytes_of(what: &Collective) -> Option<usize> {
+    what.unit()
+        .compared()
+        .len
+        .zip(what.dtype())
+        .and_then(|(len, dtype)| len.checked_mul(dtype.size()))
+}
+
 /// Whether the direct kernels can run a collective here: `None` when the
 /// ranks do not share a device, else `Ok` or why they cannot.
 pub(crate) type DirectVerdict = Option<Result<(), String>>;
@@ -145,13 +160,7 @@ pub(crate) fn choose(
     // Measured: the plan timed fastest at this size, among those that
     // can run here.
     if let (Some(table), Algorithm::Auto) = (&tuning.table, tuning.algorithm) {
-        let bytes = what
-            .unit()
-            .compared()
-            .len
-            .zip(what.dtype())
-            .and_then(|(len, dtype)| len.checked_mul(dtype.size()));
-        if let Some(bytes) = bytes {
+        if let Some(bytes) = bytes_of(what) {
             // The host ring only where the host folds this adapter's bits.
             // The one-shot holds n contributions at once: not past 4x the
             // largest size it was timed at (an H200 timed it fastest at
@@ -166,6 +175,9 @@ pub(crate) fn choose(
                             .largest(kind, p)
                             .is_some_and(|b| bytes as f64 <= 4.0 * b))
             };
+            if let Some(p) = tuning.prefer.filter(|&p| allowed(p)) {
+                return Ok(p);
+            }
             if let Some(p) = table.choose(kind, bytes, allowed) {
                 return Ok(p);
             }

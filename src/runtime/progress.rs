@@ -21,6 +21,7 @@ use crate::op::ReduceOp;
 use crate::runtime::collectives::{Collective, Here, SplitTable, scratch};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::flight::State;
+use crate::runtime::heal::At;
 use crate::runtime::health::Health;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
@@ -180,6 +181,15 @@ pub(crate) struct Progress {
     pub stamps: Option<Timestamps>,
     /// Where the group meets when all its ranks share one device.
     pub group: Option<Arc<shared::Group>>,
+    /// Rank 0's last call, for healing to time: its kind, bytes, plan,
+    /// place in the run and start.
+    pub watch: Option<(
+        crate::runtime::fingerprint::Kind,
+        usize,
+        Plan,
+        At,
+        std::time::Instant,
+    )>,
 }
 
 impl Progress {
@@ -188,6 +198,7 @@ impl Progress {
         // Ends when the communicator is dropped (its sender with it).
         while let Ok(op) = rx.recv() {
             op.state.start();
+            self.watch = None;
             scratch.reset(&op.items);
             let mut outs = Vec::with_capacity(op.items.iter().map(|it| it.outputs.len()).sum());
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -216,11 +227,20 @@ impl Progress {
                     // Wakes futures and waiters once the device has run it.
                     let seq = scratch.fps.first().map(|fp| fp.seq);
                     let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
+                    // One call's time, for healing (a group's is no one call's).
+                    let watch = self
+                        .watch
+                        .take()
+                        .filter(|_| scratch.fps.len() == 1)
+                        .zip(self.tuning.heal.clone());
                     self.dev.on_done(
                         last,
                         Box::new(move |ok| {
                             if ok {
                                 tracing::trace!(rank, seq, "device done");
+                                if let Some(((kind, bytes, plan, at, start), heal)) = watch {
+                                    heal.observed(kind, bytes, plan, at, start);
+                                }
                                 done.gpu_done();
                             } else {
                                 let why = dev.check(seq).err().unwrap_or_else(|| {
@@ -312,6 +332,37 @@ impl Progress {
             timeout: self.timeout,
         };
         let p2p = op.fp.kind.point_to_point();
+        let since = std::time::Instant::now();
+        let mut watching = None;
+        if let (Some(heal), true) = (self.tuning.heal.clone(), n > 1 && !p2p) {
+            // The plans every rank decides by at this call (rank 0's).
+            let health = &self.health;
+            let (d, run) = heal.at(r, op.fp.seq, self.timeout, || {
+                health.check(r, &op.fp)?;
+                if health.is_gone(0) {
+                    return Err(waiter.peer_failed(
+                        0,
+                        "rank 0, which decides the plans the group runs, returned from its \
+                         closure"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            })?;
+            if !self
+                .tuning
+                .table
+                .as_ref()
+                .is_some_and(|t| Arc::ptr_eq(t, &d.table))
+            {
+                self.tuning.table = Some(d.table.clone());
+            }
+            let bytes = planner::bytes_of(&op.what);
+            self.tuning.prefer = d.prefer(op.fp.kind, bytes, op.fp.seq);
+            watching = bytes
+                .filter(|_| r == 0)
+                .map(|b| (op.fp.kind, b, (run, op.fp.seq)));
+        }
         let met = if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
             let profiling = self.counters.enabled();
             if profiling && dev.timestamps && self.stamps.is_none() {
@@ -337,6 +388,7 @@ impl Progress {
                         self.counters.collective();
                     }
                     self.planned(state, op, Plan::Direct);
+                    self.watch = watching.map(|(k, b, at)| (k, b, Plan::Direct, at, since));
                     return Ok(Ran { last, table });
                 }
                 // Every rank was told the same: the host schedules run it.
@@ -356,6 +408,7 @@ impl Progress {
             }
         };
         self.planned(state, op, plan);
+        self.watch = watching.map(|(k, b, at)| (k, b, plan, at, since));
         // Agree on what runs before moving any data: a rank that issued
         // something else (or nothing) is caught here, on every rank, even
         // when one side would have sent no bytes at all. (A point-to-point

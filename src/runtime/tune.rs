@@ -13,9 +13,12 @@
 //! planner chose the slower ring. The planner takes the plan costed lowest
 //! at the call's size. The table is text, so that a cache file can hold it
 //! and be checked: its first line names the format, its second the key it
-//! was measured under (adapter, driver, backend, ranks, placement, crate
-//! version), its last says it ended; a file that does not parse, or was measured under another
-//! key, is refused with the reason.
+//! was measured under (`api/tune/cache.rs`), its last says it ended; each
+//! point keeps its spread, so that the placement rule and healing can
+//! tell a difference from noise. A file that does not parse, or was
+//! measured under another key, is refused with the reason; lines that
+//! start with `#` are comments, so that what `wgpu-collectives tune`
+//! prints can be given back as it is.
 
 use crate::runtime::cost::CostModel;
 use crate::runtime::fingerprint::Kind;

@@ -115,6 +115,8 @@ pub(crate) fn measure_over(
         let forced = Tuning {
             plan: Some(plan),
             table: None,
+            heal: None,
+            prefer: None,
             ..tuning.clone()
         };
         let links = (over.links)(i)?;

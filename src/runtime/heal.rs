@@ -1,0 +1,732 @@
+//! A tuning table that corrects itself as the world runs.
+//!
+//! A table is timed once, on a machine that may have been busy then and
+//! quiet now (or the reverse), and a wrong one used to be kept for good.
+//! So rank 0 compares what its collectives really take with what the
+//! table predicted. When the plan it chose runs slower than predicted by
+//! more than the noise, or a rival's prediction is within the noise of
+//! it, the user's own calls of that size time the contenders in turn
+//! (all ranks together: each call runs the same plan on every rank), the
+//! table takes the medians, and the planner chooses from it again. The
+//! cache is rewritten with what was learned. Where the table is right,
+//! nothing moves: a trigger needs a window of calls, and a key explored
+//! once waits longer each time before it is explored again (as NCCL's
+//! tuner plugins revise their choices at run time, but never on one
+//! call).
+//!
+//! Every rank must choose alike, and ranks run ahead of each other, so a
+//! change takes effect at a checkpoint (every [`EVERY`] collectives) that
+//! rank 0 decides [`AHEAD`] checkpoints before it starts: a rank that
+//! reaches a checkpoint not yet decided waits for rank 0, within its
+//! deadline. The decisions ([`Healer`]) are a function of the
+//! observations alone, tested with given durations.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::runtime::fingerprint::Kind;
+use crate::runtime::plan::Plan;
+use crate::runtime::tune::{Point, Table};
+
+/// Collectives between two checkpoints.
+pub(crate) const EVERY: u64 = 8;
+/// Checkpoints rank 0 decides before it reaches them.
+pub(crate) const AHEAD: u64 = 2;
+/// Calls of the chosen plan a trigger judges (their median).
+const WINDOW: usize = 8;
+/// The least margin over the prediction that counts as slower.
+const SLOW: f64 = 0.25;
+/// The least margin two predictions are told apart by.
+const NOISE: f64 = 0.05;
+/// Calls of each contender an exploration waits for.
+const EACH: usize = 4;
+/// Checkpoints an exploration may last, at most.
+const LONGEST: u64 = 8;
+/// Sizes watched at once (the most recently used are kept).
+const KEYS: usize = 32;
+/// Calls kept per size watched.
+const KEPT: usize = 32;
+
+/// When a call ran: the world's run, and its sequence number there.
+pub(crate) type At = (u32, u64);
+
+/// The calls of one kind and size that run each plan in turn.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Explore {
+    pub kind: Kind,
+    pub bytes: usize,
+    pub plans: Vec<Plan>,
+}
+
+/// What every rank decides by from a checkpoint on.
+#[derive(Debug, Clone)]
+pub(crate) struct Directive {
+    pub table: Arc<Table>,
+    pub explore: Option<Arc<Explore>>,
+}
+
+impl Directive {
+    /// The plan a call of `kind` and `bytes` numbered `seq` runs, when it
+    /// is being explored: the contenders in turn, by sequence number.
+    pub(crate) fn prefer(&self, kind: Kind, bytes: Option<usize>, seq: u64) -> Option<Plan> {
+        let e = self.explore.as_deref()?;
+        if e.kind != kind || Some(e.bytes) != bytes || e.plans.is_empty() {
+            return None;
+        }
+        let i = usize::try_from(seq.checked_rem(e.plans.len() as u64)?).ok()?;
+        e.plans.get(i).copied()
+    }
+}
+
+/// The calls seen of one kind and size.
+#[derive(Debug)]
+struct Seen {
+    kind: Kind,
+    bytes: usize,
+    /// (when, plan, seconds), oldest first, at most [`KEPT`].
+    calls: Vec<(At, Plan, f64)>,
+    /// Used last (for keeping the [`KEYS`] most recent).
+    used: u64,
+    /// Not explored again before this checkpoint; explorations so far.
+    quiet_until: u64,
+    explored: u32,
+}
+
+/// Rank 0's learning: observations in, directives out.
+#[derive(Debug)]
+pub(crate) struct Healer {
+    table: Arc<Table>,
+    /// Since when the table has been in force.
+    since: At,
+    seen: Vec<Seen>,
+    /// The exploration in progress: what, from when, decided at which
+    /// checkpoint.
+    exploring: Option<(Arc<Explore>, At, u64)>,
+    clock: u64,
+}
+
+/// The median of `v` and its spread (interquartile range over median).
+fn median(v: &mut [f64]) -> Option<(f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let q = |f: f64| {
+        let i = (f * (v.len().saturating_sub(1)) as f64).round() as usize;
+        v.get(i).copied().unwrap_or(0.0)
+    };
+    let m = q(0.5);
+    (m > 0.0).then(|| (m, (q(0.75) - q(0.25)) / m))
+}
+
+impl Healer {
+    /// A healer of `table`, in force from the start.
+    pub(crate) fn new(table: Arc<Table>) -> Healer {
+        Healer {
+            table,
+            since: (0, 0),
+            seen: Vec::new(),
+            exploring: None,
+            clock: 0,
+        }
+    }
+
+    /// The table in force.
+    pub(crate) fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// A call of `kind` moving `bytes` per rank ran `plan` at `at` and
+    /// took `secs`.
+    pub(crate) fn observe(&mut self, kind: Kind, bytes: usize, plan: Plan, at: At, secs: f64) {
+        if !(secs.is_finite() && secs > 0.0 && self.table.entries.iter().any(|e| e.kind == kind)) {
+            return;
+        }
+        self.clock = self.clock.saturating_add(1);
+        let i = match self
+            .seen
+            .iter()
+            .position(|s| s.kind == kind && s.bytes == bytes)
+        {
+            Some(i) => i,
+            None => {
+                if self.seen.len() >= KEYS {
+                    // Forget the size used longest ago.
+                    if let Some(old) = (0..self.seen.len()).min_by_key(|&j| self.seen[j].used) {
+                        self.seen.swap_remove(old);
+                    }
+                }
+                self.seen.push(Seen {
+                    kind,
+                    bytes,
+                    calls: Vec::with_capacity(KEPT),
+                    used: 0,
+                    quiet_until: 0,
+                    explored: 0,
+                });
+                self.seen.len().saturating_sub(1)
+            }
+        };
+        let Some(s) = self.seen.get_mut(i) else {
+            return;
+        };
+        s.used = self.clock;
+        if s.calls.len() >= KEPT {
+            s.calls.remove(0);
+        }
+        s.calls.push((at, plan, secs));
+    }
+
+    /// The directive from checkpoint `c` of run `run` on, decided now;
+    /// with the new table when the table changed (for the cache).
+    pub(crate) fn decide(&mut self, run: u32, c: u64) -> (Directive, Option<Arc<Table>>) {
+        let changed = match self.exploring.clone() {
+            Some((e, from, began)) => self.conclude(&e, from, began, c),
+            None => {
+                self.trigger(run, c);
+                None
+            }
+        };
+        let directive = Directive {
+            table: self.table.clone(),
+            explore: self.exploring.as_ref().map(|(e, _, _)| e.clone()),
+        };
+        (directive, changed)
+    }
+
+    /// A new run begins: an exploration in progress is dropped.
+    pub(crate) fn new_run(&mut self) {
+        self.exploring = None;
+    }
+
+    /// Starts an exploration where a size's calls say the table is wrong
+    /// or too close to call; it takes effect at checkpoint `c`.
+    fn trigger(&mut self, run: u32, c: u64) {
+        let table = self.table.clone();
+        let since = self.since;
+        let mut found = None;
+        for s in &self.seen {
+            if s.quiet_until > c {
+                continue;
+            }
+            let mut recent: Vec<&(At, Plan, f64)> =
+                s.calls.iter().filter(|(at, _, _)| *at >= since).collect();
+            if recent.len() < WINDOW {
+                continue;
+            }
+            recent.drain(..recent.len().saturating_sub(WINDOW));
+            let plan = recent.first().map(|r| r.1);
+            let Some(plan) = plan.filter(|p| recent.iter().all(|r| r.1 == *p)) else {
+                continue;
+            };
+            let entry = |p: Plan| {
+                table
+                    .entries
+                    .iter()
+                    .find(|e| e.kind == s.kind && e.plan == p)
+            };
+            let Some(mine) = entry(plan) else { continue };
+            let predicted = mine.cost.at(s.bytes);
+            let spread = mine.cost.spread_near(s.bytes);
+            let mut secs: Vec<f64> = recent.iter().map(|r| r.2).collect();
+            let Some((observed, _)) = median(&mut secs) else {
+                continue;
+            };
+            // Plans that may run this size: the one-shot not far past
+            // where it was timed (it holds every contribution at once).
+            let others: Vec<(Plan, f64, f64)> = table
+                .entries
+                .iter()
+                .filter(|e| e.kind == s.kind && e.plan != plan)
+                .filter(|e| e.plan != Plan::OneShot || s.bytes as f64 <= 4.0 * e.cost.largest())
+                .map(|e| (e.plan, e.cost.at(s.bytes), e.cost.spread_near(s.bytes)))
+                .collect();
+            let slow = observed > predicted * (1.0 + SLOW.max(3.0 * spread));
+            let close: Vec<Plan> = others
+                .iter()
+                .filter(|(_, q, qs)| *q <= predicted * (1.0 + NOISE.max(spread + qs)))
+                .map(|o| o.0)
+                .collect();
+            let plans: Vec<Plan> = if slow {
+                // The table is wrong here: its other predictions too, maybe.
+                std::iter::once(plan)
+                    .chain(others.iter().map(|o| o.0))
+                    .collect()
+            } else if !close.is_empty() {
+                std::iter::once(plan).chain(close).collect()
+            } else {
+                continue;
+            };
+            tracing::info!(
+                kind = s.kind.name(),
+                bytes = s.bytes,
+                plan = plan.name(),
+                observed_us = observed * 1e6,
+                predicted_us = predicted * 1e6,
+                why = if slow { "slower than predicted" } else { "a rival within the noise" },
+                contenders = ?plans.iter().map(|p| p.name()).collect::<Vec<_>>(),
+                "healing: timing the contenders again on the calls themselves"
+            );
+            found = Some(Explore {
+                kind: s.kind,
+                bytes: s.bytes,
+                plans,
+            });
+            break;
+        }
+        if let Some(e) = found {
+            self.exploring = Some((Arc::new(e), (run, c.saturating_mul(EVERY)), c));
+        }
+    }
+
+    /// Ends the exploration `e` (in force from `from`, decided at
+    /// checkpoint `began`) when each contender ran [`EACH`] times or it
+    /// has lasted [`LONGEST`]; the table takes the medians.
+    fn conclude(&mut self, e: &Explore, from: At, began: u64, c: u64) -> Option<Arc<Table>> {
+        let s = self
+            .seen
+            .iter_mut()
+            .find(|s| s.kind == e.kind && s.bytes == e.bytes)?;
+        let runs = |p: Plan| -> Vec<f64> {
+            s.calls
+                .iter()
+                .filter(|(at, q, _)| *at >= from && *q == p)
+                .map(|r| r.2)
+                .collect()
+        };
+        let done = e.plans.iter().all(|&p| runs(p).len() >= EACH);
+        if !done && c < began.saturating_add(LONGEST) {
+            return None;
+        }
+        self.exploring = None;
+        s.explored = s.explored.saturating_add(1);
+        // Twice as long each time before the next look.
+        let wait = 4u64.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX);
+        s.quiet_until = c.saturating_add(wait);
+        let mut table = (*self.table).clone();
+        let mut learned = Vec::new();
+        for &p in &e.plans {
+            let mut v = runs(p);
+            if v.len() < 2 {
+                continue;
+            }
+            if let Some((secs, spread)) = median(&mut v) {
+                let point = Point {
+                    bytes: e.bytes as f64,
+                    secs,
+                    spread,
+                };
+                table = table.with_point(e.kind, p, point);
+                learned.push((p.name(), (secs * 1e6).round()));
+            }
+        }
+        // Calls from now on are judged against the new table.
+        self.since = (from.0, c.saturating_mul(EVERY));
+        if learned.is_empty() {
+            return None;
+        }
+        tracing::info!(
+            kind = e.kind.name(),
+            bytes = e.bytes,
+            us = ?learned,
+            "healing: the table takes what the calls took"
+        );
+        let table = Arc::new(table);
+        self.table = table.clone();
+        Some(table)
+    }
+}
+
+/// The decisions every rank reads, and rank 0's healer.
+struct Board {
+    run: u32,
+    /// (first checkpoint, directive) at each change, oldest first.
+    changes: Vec<(u64, Directive)>,
+    /// The last checkpoint decided.
+    upto: u64,
+}
+
+/// A world's healing: rank 0 decides, every rank reads.
+pub(crate) struct Heal {
+    board: Mutex<Board>,
+    decided: Condvar,
+    healer: Mutex<Healer>,
+    /// When rank 0's last observed call ended.
+    last_done: Mutex<Option<Instant>>,
+    /// Keeps a changed table (the cache).
+    keep: Box<dyn Fn(&Table) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Heal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Heal")
+    }
+}
+
+/// Locks `m`, whatever a panicking holder left (nothing half-done here
+/// matters more than going on).
+fn hold<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Heal {
+    /// Healing of `table`; `keep` is given each table learned.
+    pub(crate) fn new(table: Arc<Table>, keep: Box<dyn Fn(&Table) + Send + Sync>) -> Heal {
+        let first = Directive {
+            table: table.clone(),
+            explore: None,
+        };
+        Heal {
+            board: Mutex::new(Board {
+                run: 0,
+                changes: vec![(0, first)],
+                upto: AHEAD,
+            }),
+            decided: Condvar::new(),
+            healer: Mutex::new(Healer::new(table)),
+            last_done: Mutex::new(None),
+            keep,
+        }
+    }
+
+    /// A new run of the world starts (every rank idle): its sequence
+    /// numbers start at 0 under the table last decided.
+    pub(crate) fn new_run(&self) {
+        let mut h = hold(&self.healer);
+        h.new_run();
+        let table = h.table().clone();
+        drop(h);
+        let mut b = hold(&self.board);
+        b.run = b.run.wrapping_add(1);
+        b.changes = vec![(
+            0,
+            Directive {
+                table,
+                explore: None,
+            },
+        )];
+        b.upto = AHEAD;
+        drop(b);
+        *hold(&self.last_done) = None;
+    }
+
+    /// The directive for collective `seq` of the current run on `rank`,
+    /// and the run: rank 0 decides what is due first; the others wait for
+    /// it, `patience` at most, or until `failed` says the group failed.
+    pub(crate) fn at(
+        &self,
+        rank: usize,
+        seq: u64,
+        patience: Duration,
+        failed: impl Fn() -> Result<()>,
+    ) -> Result<(Directive, u32)> {
+        let deadline = crate::deadline::after(patience);
+        let c = seq / EVERY;
+        if rank == 0 {
+            self.decide_upto(c.saturating_add(AHEAD));
+        }
+        let mut b = hold(&self.board);
+        while b.upto < c {
+            failed()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    rank,
+                    seq,
+                    what: format!(
+                        "rank 0 to decide the plans of checkpoint {c} (collectives from #{}): \
+                         it has decided up to checkpoint {}",
+                        c.saturating_mul(EVERY),
+                        b.upto
+                    ),
+                    after: patience,
+                    flight: String::new(),
+                });
+            }
+            let slice = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(20));
+            b = self
+                .decided
+                .wait_timeout(b, slice)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        let d = b
+            .changes
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= c)
+            .map(|(_, d)| d.clone())
+            .ok_or_else(|| {
+                Error::device(
+                    rank,
+                    Some(seq),
+                    "internal: no healing decision for the checkpoint",
+                )
+            })?;
+        Ok((d, b.run))
+    }
+
+    /// Rank 0: decides every checkpoint up to `upto`.
+    fn decide_upto(&self, upto: u64) {
+        let (run, from) = {
+            let b = hold(&self.board);
+            (b.run, b.upto)
+        };
+        if from >= upto {
+            return;
+        }
+        let mut learned = None;
+        let mut decisions = Vec::new();
+        {
+            let mut h = hold(&self.healer);
+            for c in from.saturating_add(1)..=upto {
+                let (d, changed) = h.decide(run, c);
+                learned = changed.or(learned);
+                decisions.push((c, d));
+            }
+        }
+        let mut b = hold(&self.board);
+        for (c, d) in decisions {
+            let same = b.changes.last().is_some_and(|(_, last)| {
+                Arc::ptr_eq(&last.table, &d.table)
+                    && match (&last.explore, &d.explore) {
+                        (None, None) => true,
+                        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+                        _ => false,
+                    }
+            });
+            if !same {
+                b.changes.push((c, d));
+            }
+            b.upto = c;
+        }
+        // Nobody reads a checkpoint far behind rank 0: keep the change in
+        // force there and what follows.
+        let old = b.upto.saturating_sub(64);
+        while b.changes.get(1).is_some_and(|(from, _)| *from <= old) {
+            b.changes.remove(0);
+        }
+        drop(b);
+        self.decided.notify_all();
+        if let Some(t) = learned {
+            (self.keep)(&t);
+        }
+    }
+
+    /// Rank 0's call of `kind` moving `bytes` ran `plan` at `at`, started
+    /// at `start`, and the device has finished it: the time it held the
+    /// device (from its start, or the previous call's end if later).
+    pub(crate) fn observed(&self, kind: Kind, bytes: usize, plan: Plan, at: At, start: Instant) {
+        let now = Instant::now();
+        let began = {
+            let mut last = hold(&self.last_done);
+            let began = last.map_or(start, |l| l.max(start));
+            *last = Some(now);
+            began
+        };
+        let secs = now.saturating_duration_since(began).as_secs_f64();
+        hold(&self.healer).observe(kind, bytes, plan, at, secs);
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    clippy::arithmetic_side_effects,
+    reason = "a test: small sizes, a failed expectation is a failed test"
+)]
+mod tests {
+    use super::*;
+    use crate::device::tensor::DType;
+    use crate::op::ReduceOp;
+    use crate::runtime::collectives::Collective;
+    use crate::runtime::collectives::all_reduce::AllReduce;
+    use crate::runtime::cost::{Algorithm, CostModel, Rates};
+    use crate::runtime::planner::{self, Tuning};
+
+    const MIB: usize = 1 << 20;
+
+    /// What all_reduce's plans really take here, at 64 KiB and 1 MiB:
+    /// the direct kernel fastest, then the host ring, the device ring,
+    /// the one-shot.
+    fn truth(plan: Plan, bytes: usize) -> f64 {
+        let b = bytes as f64;
+        match plan {
+            Plan::Direct => 1.0e-4 + 1.0e-9 * b,
+            Plan::HostRing => 2.0e-4 + 2.0e-9 * b,
+            Plan::DeviceRing => 4.0e-4 + 3.0e-9 * b,
+            _ => 5.0e-4 + 6.0e-9 * b,
+        }
+    }
+
+    /// A table of all_reduce at 64 KiB and 1 MiB, each plan costed as
+    /// `costed` says.
+    fn table(costed: impl Fn(Plan) -> Plan) -> Arc<Table> {
+        let mut text = String::from("wgpu-collectives tuning 3\nkey test\n");
+        for p in [
+            Plan::Direct,
+            Plan::HostRing,
+            Plan::DeviceRing,
+            Plan::OneShot,
+        ] {
+            let q = costed(p);
+            text += &format!(
+                "all_reduce {} 65536:{:e}~0.02 1048576:{:e}~0.02\n",
+                p.name(),
+                truth(q, 64 << 10),
+                truth(q, MIB)
+            );
+        }
+        text += "host-fold same-bits\nkernel-units 1\nend\n";
+        Arc::new(Table::from_text(&text, None).unwrap())
+    }
+
+    /// Runs `calls` all_reduce calls of `bytes` on `n` ranks that decide
+    /// by `heal` (each rank in turn at each sequence number, rank 0 first
+    /// as it may run ahead), rank 0 observing `took(plan, call)`; returns
+    /// each rank's plan at each call.
+    fn drive(
+        heal: &Heal,
+        n: usize,
+        calls: u64,
+        bytes: usize,
+        took: impl Fn(Plan, u64) -> f64,
+    ) -> Vec<Vec<Plan>> {
+        let what: Collective = AllReduce {
+            dtype: DType::F32,
+            len: bytes / 4,
+            op: ReduceOp::Sum,
+        }
+        .into();
+        let mut tuning = Tuning {
+            algorithm: Algorithm::Auto,
+            plan: None,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table: None,
+            heal: None,
+            prefer: None,
+        };
+        let mut plans = vec![Vec::new(); n];
+        for seq in 0..calls {
+            for (r, mine) in plans.iter_mut().enumerate() {
+                let (d, run) = heal.at(r, seq, Duration::from_secs(1), || Ok(())).unwrap();
+                tuning.table = Some(d.table.clone());
+                tuning.prefer = d.prefer(Kind::AllReduce, Some(bytes), seq);
+                let plan = planner::choose(&tuning, &what, n, &Some(Ok(()))).unwrap();
+                mine.push(plan);
+                if r == 0 {
+                    let secs = took(plan, seq);
+                    heal.healer.lock().unwrap().observe(
+                        Kind::AllReduce,
+                        bytes,
+                        plan,
+                        (run, seq),
+                        secs,
+                    );
+                }
+            }
+        }
+        plans
+    }
+
+    #[test]
+    fn a_backwards_table_heals_and_every_rank_switches_at_the_same_call() {
+        // The table says the direct kernel is the slowest and the one-shot
+        // the fastest: the reverse of the truth.
+        let backwards = table(|p| match p {
+            Plan::Direct => Plan::OneShot,
+            Plan::OneShot => Plan::Direct,
+            Plan::HostRing => Plan::DeviceRing,
+            _ => Plan::HostRing,
+        });
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let k = kept.clone();
+        let heal = Heal::new(
+            backwards,
+            Box::new(move |t: &Table| k.lock().unwrap().push(t.clone())),
+        );
+        let plans = drive(&heal, 4, 300, MIB, |p, _| truth(p, MIB));
+        for r in 1..4 {
+            assert_eq!(plans[r], plans[0], "rank {r} chose otherwise than rank 0");
+        }
+        let p = &plans[0];
+        assert_eq!(p[0], Plan::OneShot, "the table's choice first");
+        // From the first call on which the direct kernel runs for good.
+        let settled = (0..p.len())
+            .rev()
+            .find(|&i| p[i] != Plan::Direct)
+            .map_or(0, |i| i + 1);
+        assert!(
+            settled <= 100,
+            "settled on the direct kernel at call {settled}: {p:?}"
+        );
+        assert!(
+            settled % EVERY as usize == 0,
+            "a switch between checkpoints: {settled}"
+        );
+        assert!(
+            !kept.lock().unwrap().is_empty(),
+            "the learned table was not kept"
+        );
+        let learned = kept.lock().unwrap().last().unwrap().clone();
+        assert_eq!(
+            learned.choose(Kind::AllReduce, MIB, |_| true),
+            Some(Plan::Direct)
+        );
+    }
+
+    #[test]
+    fn a_right_table_with_noisy_calls_switches_nothing() {
+        let right = table(|p| p);
+        let heal = Heal::new(right, Box::new(|_: &Table| {}));
+        // +-15% on every call, one call in ten 3x slow.
+        let plans = drive(&heal, 3, 400, 64 << 10, |p, seq| {
+            let jitter = 1.0 + 0.3 * (((seq * 7919) % 101) as f64 / 100.0 - 0.5);
+            let spike = if seq % 10 == 3 { 3.0 } else { 1.0 };
+            truth(p, 64 << 10) * jitter * spike
+        });
+        for (r, mine) in plans.iter().enumerate() {
+            assert!(
+                mine.iter().all(|&p| p == Plan::Direct),
+                "rank {r} ran another plan: {mine:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rank_ahead_of_rank_0_waits_within_its_deadline() {
+        let heal = Heal::new(table(|p| p), Box::new(|_: &Table| {}));
+        // Rank 1 at a checkpoint rank 0 has not decided: it waits, and
+        // fails at its deadline naming what it waited for.
+        let far = (AHEAD + 2) * EVERY;
+        match heal.at(1, far, Duration::from_millis(30), || Ok(())) {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("rank 0"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+        // A failure of the group ends the wait at once.
+        let deadline = Duration::from_secs(60);
+        let t = Instant::now();
+        let r = heal.at(1, far, deadline, || {
+            Err(Error::Aborted { rank: 1, seq: far })
+        });
+        assert!(matches!(r, Err(Error::Aborted { .. })));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Once rank 0 gets there, the same call is answered.
+        heal.at(0, far, deadline, || Ok(())).unwrap();
+        assert!(heal.at(1, far, deadline, || Ok(())).is_ok());
+    }
+}
