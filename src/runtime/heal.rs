@@ -41,8 +41,11 @@ const SLOW: f64 = 0.25;
 const NOISE: f64 = 0.05;
 /// Calls of each contender an exploration waits for.
 const EACH: usize = 4;
+/// Calls in a row that run one contender while exploring (the first
+/// of them is not counted: it carries the last plan's tail).
+const BLOCK: u64 = 3;
 /// Checkpoints an exploration may last, at most.
-const LONGEST: u64 = 8;
+const LONGEST: u64 = 10;
 /// Sizes watched at once (the most recently used are kept).
 const KEYS: usize = 32;
 /// Calls kept per size watched.
@@ -68,13 +71,14 @@ pub(crate) struct Directive {
 
 impl Directive {
     /// The plan a call of `kind` and `bytes` numbered `seq` runs, when it
-    /// is being explored: the contenders in turn, by sequence number.
+    /// is being explored: the contenders in turn, [`BLOCK`] calls each,
+    /// by sequence number.
     pub(crate) fn prefer(&self, kind: Kind, bytes: Option<usize>, seq: u64) -> Option<Plan> {
         let e = self.explore.as_deref()?;
         if e.kind != kind || Some(e.bytes) != bytes || e.plans.is_empty() {
             return None;
         }
-        let i = usize::try_from(seq.checked_rem(e.plans.len() as u64)?).ok()?;
+        let i = usize::try_from((seq / BLOCK).checked_rem(e.plans.len() as u64)?).ok()?;
         e.plans.get(i).copied()
     }
 }
@@ -104,6 +108,8 @@ pub(crate) struct Healer {
     /// checkpoint.
     exploring: Option<(Arc<Explore>, At, u64)>,
     clock: u64,
+    /// The plan of the last call observed.
+    last: Option<Plan>,
 }
 
 /// The median of `v` and its spread (interquartile range over median).
@@ -129,6 +135,7 @@ impl Healer {
             seen: Vec::new(),
             exploring: None,
             clock: 0,
+            last: None,
         }
     }
 
@@ -138,8 +145,12 @@ impl Healer {
     }
 
     /// A call of `kind` moving `bytes` per rank ran `plan` at `at` and
-    /// took `secs`.
+    /// took `secs`. Not counted after a call of another plan: the ranks
+    /// sharing a device may still have been finishing its steps.
     pub(crate) fn observe(&mut self, kind: Kind, bytes: usize, plan: Plan, at: At, secs: f64) {
+        if self.last.replace(plan) != Some(plan) {
+            return;
+        }
         if !(secs.is_finite() && secs > 0.0 && self.table.entries.iter().any(|e| e.kind == kind)) {
             return;
         }
@@ -352,8 +363,8 @@ pub(crate) struct Heal {
     board: Mutex<Board>,
     decided: Condvar,
     healer: Mutex<Healer>,
-    /// When rank 0's last observed call ended.
-    last_done: Mutex<Option<Instant>>,
+    /// The calls the ranks are finishing.
+    timing: Mutex<Timing>,
     /// Keeps a changed table (the cache).
     keep: Box<dyn Fn(&Table) + Send + Sync>,
 }
@@ -385,7 +396,7 @@ impl Heal {
             }),
             decided: Condvar::new(),
             healer: Mutex::new(Healer::new(table)),
-            last_done: Mutex::new(None),
+            timing: Mutex::new(Timing::default()),
             keep,
         }
     }
@@ -408,7 +419,7 @@ impl Heal {
         )];
         b.upto = AHEAD;
         drop(b);
-        *hold(&self.last_done) = None;
+        *hold(&self.timing) = Timing::default();
     }
 
     /// The directive for collective `seq` of the current run on `rank`,
@@ -516,20 +527,80 @@ impl Heal {
         }
     }
 
-    /// Rank 0's call of `kind` moving `bytes` ran `plan` at `at`, started
-    /// at `start`, and the device has finished it: the time it held the
-    /// device (from its start, or the previous call's end if later).
-    pub(crate) fn observed(&self, kind: Kind, bytes: usize, plan: Plan, at: At, start: Instant) {
+    /// `rank`'s call of `kind` moving `bytes` ran `plan` at `at`, started
+    /// at `start`, and its device has finished it. Once all `n` ranks
+    /// have said so, the group's time: from its first rank's start (or
+    /// the group's previous call's end, if later) to its last rank's end.
+    /// Rank 0's alone would leave out the others' tails, which the next
+    /// call then carries where the ranks share a device.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's facts, as the progress thread has them"
+    )]
+    pub(crate) fn observed(
+        &self,
+        n: usize,
+        kind: Kind,
+        bytes: usize,
+        plan: Plan,
+        at: At,
+        start: Instant,
+    ) {
         let now = Instant::now();
-        let began = {
-            let mut last = hold(&self.last_done);
-            let began = last.map_or(start, |l| l.max(start));
-            *last = Some(now);
-            began
+        let mut t = hold(&self.timing);
+        let i = match t.calls.iter().position(|c| c.at == at) {
+            Some(i) => i,
+            None => {
+                if t.calls.len() >= 64 {
+                    // A call some rank never finished (a failure).
+                    t.calls.remove(0);
+                }
+                t.calls.push(Call {
+                    at,
+                    kind,
+                    bytes,
+                    plan,
+                    first: start,
+                    last: now,
+                    seen: 0,
+                });
+                t.calls.len().saturating_sub(1)
+            }
         };
-        let secs = now.saturating_duration_since(began).as_secs_f64();
+        let Some(c) = t.calls.get_mut(i) else { return };
+        c.first = c.first.min(start);
+        c.last = c.last.max(now);
+        c.seen = c.seen.saturating_add(1);
+        if c.seen < n || c.kind != kind || c.bytes != bytes || c.plan != plan {
+            return;
+        }
+        let c = t.calls.remove(i);
+        let began = t.done.map_or(c.first, |d| d.max(c.first));
+        t.done = Some(t.done.map_or(c.last, |d| d.max(c.last)));
+        drop(t);
+        let secs = c.last.saturating_duration_since(began).as_secs_f64();
         hold(&self.healer).observe(kind, bytes, plan, at, secs);
     }
+}
+
+/// One call of the group, as its ranks finish it.
+struct Call {
+    at: At,
+    kind: Kind,
+    bytes: usize,
+    plan: Plan,
+    /// The first rank's start and the last rank's end so far.
+    first: Instant,
+    last: Instant,
+    /// Ranks that have finished it.
+    seen: usize,
+}
+
+/// The group's calls in flight, and when its last observed call ended.
+#[derive(Default)]
+struct Timing {
+    calls: Vec<Call>,
+    done: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -659,7 +730,16 @@ mod tests {
             backwards,
             Box::new(move |t: &Table| k.lock().unwrap().push(t.clone())),
         );
-        let plans = drive(&heal, 4, 300, MIB, |p, _| truth(p, MIB));
+        // A call after one of another plan carries that plan's tail (the
+        // ranks sharing the device still finishing it), as on lavapipe.
+        let prev = std::cell::Cell::new(None);
+        let plans = drive(&heal, 4, 300, MIB, |p, _| {
+            let tail = prev
+                .replace(Some(p))
+                .filter(|&q| q != p)
+                .map_or(0.0, |q| truth(q, MIB));
+            truth(p, MIB) + tail
+        });
         for r in 1..4 {
             assert_eq!(plans[r], plans[0], "rank {r} chose otherwise than rank 0");
         }

@@ -181,7 +181,7 @@ pub(crate) struct Progress {
     pub stamps: Option<Timestamps>,
     /// Where the group meets when all its ranks share one device.
     pub group: Option<Arc<shared::Group>>,
-    /// Rank 0's last call, for healing to time: its kind, bytes, plan,
+    /// This rank's last call, for healing to time: its kind, bytes, plan,
     /// place in the run and start.
     pub watch: Option<(
         crate::runtime::fingerprint::Kind,
@@ -227,6 +227,7 @@ impl Progress {
                     // Wakes futures and waiters once the device has run it.
                     let seq = scratch.fps.first().map(|fp| fp.seq);
                     let (done, dev, rank) = (state.clone(), self.dev.clone(), self.rank);
+                    let size = self.size;
                     // One call's time, for healing (a group's is no one call's).
                     let watch = self
                         .watch
@@ -239,7 +240,7 @@ impl Progress {
                             if ok {
                                 tracing::trace!(rank, seq, "device done");
                                 if let Some(((kind, bytes, plan, at, start), heal)) = watch {
-                                    heal.observed(kind, bytes, plan, at, start);
+                                    heal.observed(size, kind, bytes, plan, at, start);
                                 }
                                 done.gpu_done();
                             } else {
@@ -359,9 +360,7 @@ impl Progress {
             }
             let bytes = planner::bytes_of(&op.what);
             self.tuning.prefer = d.prefer(op.fp.kind, bytes, op.fp.seq);
-            watching = bytes
-                .filter(|_| r == 0)
-                .map(|b| (op.fp.kind, b, (run, op.fp.seq)));
+            watching = bytes.map(|b| (op.fp.kind, b, (run, op.fp.seq)));
         }
         let met = if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
             let profiling = self.counters.enabled();

@@ -33,7 +33,9 @@ use crate::runtime::same_bits;
 use crate::runtime::tune::Table;
 
 pub(crate) use placement::{Measured, placement_for};
-pub(crate) use timing::{KINDS, Over, measure_over};
+pub(crate) use timing::KINDS;
+#[cfg(feature = "mpi")]
+pub(crate) use timing::{Over, measure_over};
 
 /// Whether a world times its plans (`WGPU_COLLECTIVES_TUNE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
