@@ -238,6 +238,22 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         if wrong == 0 { "OK" } else { "FAILED" }
     );
     out!("# Avg bus bandwidth    : {avg:.3} ");
+    let busy: Vec<String> = rows
+        .iter()
+        .filter(|r| r.out_of_place.spread.iqr > bench::BUSY)
+        .map(|r| r.bytes.to_string())
+        .collect();
+    if !busy.is_empty() {
+        out!(
+            "# Warning: the iterations varied by more than {:.0}% (interquartile range over \
+             median) at {} of {} sizes ({} B): the machine was busy. Compare runs with \
+             ../shared/peers/ab, not one against another.",
+            bench::BUSY * 100.0,
+            busy.len(),
+            rows.len(),
+            busy.join(", ")
+        );
+    }
     out!(
         "# Best bus bandwidth   : {best:.3} GB/s = {:.0}% of the {:.3} GB/s ceiling at {}",
         if at_best.busbw > 0.0 {

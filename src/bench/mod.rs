@@ -72,7 +72,50 @@ pub struct Timing {
     pub algbw: f64,
     pub busbw: f64,
     pub wrong: Option<u64>,
+    /// How the timed batches varied on the slowest rank (of this
+    /// process's).
+    pub spread: Spread,
 }
+
+/// The timed iterations of one rank, in [`BATCHES`] batches, each batch's
+/// time per call: fastest, median, slowest, and the interquartile range
+/// over the median.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spread {
+    pub min_us: f64,
+    pub median_us: f64,
+    pub max_us: f64,
+    pub iqr: f64,
+}
+
+impl Spread {
+    /// The spread of `secs` (one per iteration).
+    fn of(secs: &mut [f64]) -> Spread {
+        secs.sort_by(f64::total_cmp);
+        let q = |f: f64| {
+            let i = (f * secs.len().saturating_sub(1) as f64).round() as usize;
+            secs.get(i).copied().unwrap_or(0.0) * 1e6
+        };
+        let median_us = q(0.5);
+        Spread {
+            min_us: q(0.0),
+            median_us,
+            max_us: q(1.0),
+            iqr: if median_us > 0.0 {
+                (q(0.75) - q(0.25)) / median_us
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// Batches the timed iterations of a row run in.
+pub const BATCHES: usize = 5;
+
+/// Above this interquartile range over the median, a row's iterations
+/// varied as they do on a busy machine.
+pub const BUSY: f64 = 0.3;
 
 /// One line of the table.
 #[derive(Debug, Clone)]
@@ -187,7 +230,11 @@ fn output_len(coll: Collective, n: usize, rank: usize, input: usize) -> usize {
     }
 }
 
-/// Measures one placement of one size on this rank: (mean seconds, wrong elements).
+/// What one rank measured of one placement of one size: mean seconds,
+/// wrong elements, the plan, and how the iterations varied.
+type Measured = (f64, Option<u64>, Option<Plan>, Spread);
+
+/// Measures one placement of one size on this rank.
 fn measure(
     c: &Communicator,
     a: &Args,
@@ -195,7 +242,7 @@ fn measure(
     op: ReduceOp,
     s: Shape,
     in_place: bool,
-) -> Result<(f64, Option<u64>, Option<Plan>), Error> {
+) -> Result<Measured, Error> {
     let (n, r) = (c.size(), c.rank());
     let x = data::tensor(c, dtype, op, input_len(a.collective, n, r, s.input))?;
     let out = c.zeros(dtype, output_len(a.collective, n, r, s.input))?;
@@ -203,15 +250,28 @@ fn measure(
         let _ = issue(c, a, &x, &out, op, in_place)?.wait()?;
     }
     let _ = c.barrier()?.wait()?;
+    // In batches, each issued back to back and waited for at its end:
+    // each batch's time per call is one sample of the spread (per call,
+    // waits return in bunches, as the device finishes several at once).
+    let batches = a.iters.clamp(1, BATCHES);
+    let mut each = Vec::with_capacity(batches);
     let start = Instant::now();
-    let mut last = None;
-    for _ in 0..a.iters {
-        last = Some(issue(c, a, &x, &out, op, in_place)?);
-    }
-    if let Some(w) = last {
-        let _ = w.wait()?;
+    let mut before = start;
+    for b in 0..batches {
+        let calls = a.iters / batches + usize::from(b < a.iters % batches);
+        let mut last = None;
+        for _ in 0..calls {
+            last = Some(issue(c, a, &x, &out, op, in_place)?);
+        }
+        if let Some(w) = last {
+            let _ = w.wait()?;
+        }
+        let now = Instant::now();
+        each.push(now.duration_since(before).as_secs_f64() / calls.max(1) as f64);
+        before = now;
     }
     let secs = start.elapsed().as_secs_f64() / a.iters.max(1) as f64;
+    let spread = Spread::of(&mut each);
     let plan = ran_with(c);
     let mut wrong = None;
     for _ in 0..a.check {
@@ -231,7 +291,7 @@ fn measure(
         };
         *wrong.get_or_insert(0) += data::wrong(&y, n, &want)?;
     }
-    Ok((secs, wrong, plan))
+    Ok((secs, wrong, plan, spread))
 }
 
 /// The plan this rank's last collective ran with, from its flight record.
@@ -240,8 +300,14 @@ fn ran_with(c: &Communicator) -> Option<Plan> {
     record.ranks.get(c.rank())?.last()?.plan
 }
 
-fn timing(bytes: u64, per_rank: &[(f64, Option<u64>, Option<Plan>)], factor: f64) -> Timing {
+fn timing(bytes: u64, per_rank: &[Measured], factor: f64) -> Timing {
     let secs = per_rank.iter().map(|r| r.0).fold(0.0, f64::max);
+    // The row's rank: the slowest.
+    let spread = per_rank
+        .iter()
+        .max_by(|x, y| x.0.total_cmp(&y.0))
+        .map(|r| r.3)
+        .unwrap_or_default();
     let wrong = per_rank.iter().try_fold(0, |acc, r| r.1.map(|w| acc + w));
     let algbw = if secs > 0.0 {
         bytes as f64 / secs / 1e9
@@ -253,6 +319,7 @@ fn timing(bytes: u64, per_rank: &[(f64, Option<u64>, Option<Plan>)], factor: f64
         algbw,
         busbw: algbw * factor,
         wrong,
+        spread,
     }
 }
 
@@ -273,8 +340,8 @@ pub fn row(world: &World, a: &Args, dtype: DType, op: ReduceOp, bytes: u64) -> R
             .run(|c| {
                 let m = measure(c, a, dtype, op, s, in_place)?;
                 if processes > 1 {
-                    let plan = m.2;
-                    whole_world(c, (m.0, m.1)).map(|(t, w)| (t, w, plan))
+                    let (plan, spread) = (m.2, m.3);
+                    whole_world(c, (m.0, m.1)).map(|(t, w)| (t, w, plan, spread))
                 } else {
                     Ok(m)
                 }
@@ -446,9 +513,12 @@ pub fn header(world: &World, a: &Args) -> String {
 
 /// The table's column headings.
 pub fn columns() -> String {
-    let mut s = format!("#{:>58}{:>34}\n", "out-of-place", "in-place");
+    let mut s = format!(
+        "#{:>58}{:>34}{:>13}{:>25}\n",
+        "out-of-place", "in-place", "", "out-of-place batches"
+    );
     s += &format!(
-        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12}\n",
+        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12} {:>6} {:>9} {:>9}\n",
         "size",
         "count",
         "type",
@@ -462,10 +532,13 @@ pub fn columns() -> String {
         "algbw",
         "busbw",
         "#wrong",
-        "plan"
+        "plan",
+        "iqr",
+        "min",
+        "max"
     );
     s += &format!(
-        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12}",
+        "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6} {:>12} {:>6} {:>9} {:>9}",
         "(B)",
         "(elements)",
         "",
@@ -479,7 +552,10 @@ pub fn columns() -> String {
         "(GB/s)",
         "(GB/s)",
         "",
-        ""
+        "",
+        "(%)",
+        "(us)",
+        "(us)"
     );
     s
 }
@@ -500,7 +576,7 @@ fn half(t: Option<&Timing>) -> String {
 /// One table line, as nccl-tests prints it.
 pub fn line(r: &Row) -> String {
     format!(
-        " {:>11} {:>12} {:>8} {:>6} {:>6} {} {} {:>12}",
+        " {:>11} {:>12} {:>8} {:>6} {:>6} {} {} {:>12} {:>6.0} {:>9.1} {:>9.1}",
         r.bytes,
         r.count,
         r.dtype.name(),
@@ -512,6 +588,9 @@ pub fn line(r: &Row) -> String {
             (None, _) => "?".to_string(),
             (Some(p), false) => p.name().to_string(),
             (Some(p), true) => format!("{}*", p.name()),
-        }
+        },
+        r.out_of_place.spread.iqr * 100.0,
+        r.out_of_place.spread.min_us,
+        r.out_of_place.spread.max_us,
     )
 }

@@ -13,6 +13,12 @@ fn timing(t: &Timing) -> serde_json::Value {
         "algbw_gbps": finite(t.algbw),
         "busbw_gbps": finite(t.busbw),
         "wrong": t.wrong,
+        "batches": {
+            "iqr": finite(t.spread.iqr),
+            "min_us": finite(t.spread.min_us),
+            "median_us": finite(t.spread.median_us),
+            "max_us": finite(t.spread.max_us),
+        },
     })
 }
 
