@@ -359,6 +359,25 @@ fn coalesced_calls_every_dtype() {
     coalesced::<u32>(&w);
 }
 
+/// Coalesced calls over no tensors give no tensors (as torch's coalescing
+/// manager over nothing), and the group goes on: a call after them is
+/// exact.
+#[test]
+fn coalesced_calls_over_no_tensors_give_nothing() {
+    let w = world(3);
+    let got = run(&w, "empty coalesced", |c| {
+        let ar = c.all_reduce_coalesced(&[], ReduceOp::Sum)?.wait_all()?;
+        let ag = c.all_gather_coalesced(&[])?.wait_all()?;
+        let rs = c.reduce_scatter_coalesced(&[], ReduceOp::Sum)?.wait_all()?;
+        let x = c.tensor(&[c.rank() as u32 + 1; 5])?;
+        let sum = c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<u32>()?;
+        Ok((ar.len(), ag.len(), rs.len(), sum))
+    });
+    for (rank, g) in got.into_iter().enumerate() {
+        assert_eq!(g, (0, 0, 0, vec![6; 5]), "rank {rank}");
+    }
+}
+
 #[test]
 fn coalesced_tensors_must_share_a_dtype() {
     let w = world(2);

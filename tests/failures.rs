@@ -442,3 +442,53 @@ fn a_failure_wakes_every_waiting_peer_instead_of_its_deadline() {
         }
     }
 }
+
+/// A send whose receiver returned from its closure without receiving, and
+/// a receive whose sender did the same, fail at once naming that rank,
+/// under both placements: not at the timeout (20 s here).
+#[test]
+fn a_send_or_receive_whose_peer_returned_fails_at_once() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = World::new(
+            WorldConfig::new(2)
+                .with_placement(placement)
+                .with_timeout(Duration::from_secs(20)),
+        )
+        .expect("world");
+        for receiver_leaves in [true, false] {
+            let start = Instant::now();
+            let r = w
+                .run(|c| -> Result<(), Error> {
+                    let x = c.tensor(&[1.0f32; 16])?;
+                    let leaves = if receiver_leaves { 1 } else { 0 };
+                    if c.rank() == leaves {
+                        return Ok(());
+                    }
+                    if receiver_leaves {
+                        c.send(&x, 1)?.wait().map(drop)
+                    } else {
+                        c.recv(&x, 0)?.wait().map(drop)
+                    }
+                })
+                .expect("run");
+            let stays = if receiver_leaves { 0 } else { 1 };
+            let gone = 1 - stays;
+            match &r[stays] {
+                Err(Error::PeerFailed { peer, reason, .. }) => {
+                    assert_eq!(*peer, gone, "{placement}: {reason}");
+                    assert!(
+                        reason.contains(&format!("rank {gone} returned from its closure")),
+                        "{placement}: {reason}"
+                    );
+                }
+                other => panic!("{placement}, rank {stays}: expected PeerFailed, got {other:?}"),
+            }
+            assert!(r[gone].is_ok(), "{placement}: {:?}", r[gone]);
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{placement}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+}

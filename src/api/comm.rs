@@ -1097,8 +1097,18 @@ impl Communicator {
                 format!("reduce op {op} needs an integer dtype, got {dtype}"),
             ));
         }
-        let mut outputs = Vec::with_capacity(xs.len().max(1));
-        for i in 0..xs.len().max(1) {
+        // One output per input; a call without inputs (a barrier, a
+        // receive) still has one, but a coalesced call over no tensors
+        // has none, as torch's coalescing manager over nothing.
+        let coalesced = matches!(
+            what,
+            Collective::AllReduceCoalesced(_)
+                | Collective::AllGatherCoalesced(_)
+                | Collective::ReduceScatterCoalesced(_)
+        );
+        let count = if coalesced { xs.len() } else { xs.len().max(1) };
+        let mut outputs = Vec::with_capacity(count);
+        for i in 0..count {
             let x = xs.get(i);
             let layout = unit
                 .layout(self.seat(), x.map_or(0, Tensor::len))

@@ -22,6 +22,10 @@ use crate::runtime::plan::Plan;
 use crate::runtime::work_state::SplitTable;
 use crate::runtime::work_state::{Phase, WorkState};
 
+/// How often a send waiting for its receiver looks whether the receiver
+/// has returned from its closure.
+const DEPARTURES: Duration = Duration::from_millis(20);
+
 /// An asynchronous collective in flight: wait on it (or `.await` it) to get
 /// its output.
 ///
@@ -206,15 +210,40 @@ impl Work {
                     crate::deadline::after_from(now, crate::deadline::backstop(self.timeout))
                 }
             };
+            let unreceipted = matches!(*phase, Phase::Unreceipted);
+            if let (true, Some(peer)) = (unreceipted, self.fp.peer) {
+                // A receiver that returned from its closure will never
+                // match this send: fail now, not at the deadline.
+                if self.health.is_gone(peer) {
+                    self.health.check(self.rank, &self.fp)?;
+                    return Err(Error::PeerFailed {
+                        rank: self.rank,
+                        seq: self.fp.seq,
+                        doing: self.fp.to_string(),
+                        peer,
+                        reason: format!(
+                            "rank {peer} returned from its closure without receiving {}",
+                            self.fp
+                        ),
+                        flight: self.health.flight.report(),
+                    });
+                }
+            }
             if now >= limit {
-                let what = if matches!(*phase, Phase::Unreceipted) {
+                let what = if unreceipted {
                     "the receiver to match the send"
                 } else {
                     "the collective's host steps"
                 };
                 return Err(self.timeout_error(what, start.elapsed()));
             }
-            // Until the phase moves on (or the limit passes: checked above).
+            // Until the phase moves on (or the limit passes: checked above);
+            // a send looks at its receiver now and then.
+            let limit = if unreceipted {
+                limit.min(now.checked_add(DEPARTURES).unwrap_or(limit))
+            } else {
+                limit
+            };
             let was = std::mem::discriminant(&*phase);
             phase = crate::deadline::wait_until(&self.state.changed, phase, limit, |p| {
                 std::mem::discriminant(p) != was

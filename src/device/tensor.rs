@@ -50,9 +50,11 @@ use crate::error::{Error, Result};
 /// # fn main() {}
 /// ```
 #[derive(Clone)]
-#[must_use = "a collective's result: an out-of-place call (`all_reduce`, `broadcast`, ...) \
-              leaves its input as it was, so dropping this loses the result; use the \
-              `_in_place` form to change the input, and `let _ = ...` to drop on purpose"]
+#[must_use = "a tensor, perhaps a collective's output: an out-of-place call (`all_reduce`, \
+              `broadcast`, ...) leaves its input as it was and its result is only here; an \
+              `_in_place` call's is its input, and a group's `wait` gives its first call's \
+              output (an empty tensor for a send; `wait_all` gives them all). \
+              `let _ = ...` drops it on purpose"]
 pub struct Tensor {
     inner: Arc<TensorInner>,
 }
