@@ -164,6 +164,23 @@ impl Error {
         e.to_string()
     }
 
+    /// This error with `now` as its flight record, where it carries one
+    /// (a snapshot taken when it was found, before its call was recorded
+    /// as failed).
+    pub(crate) fn with_flight(mut self, now: String) -> Self {
+        match &mut self {
+            Error::Mismatch { flight, .. }
+            | Error::Timeout { flight, .. }
+            | Error::PeerFailed { flight, .. }
+                if !flight.is_empty() =>
+            {
+                *flight = now;
+            }
+            _ => {}
+        }
+        self
+    }
+
     pub(crate) fn invalid(rank: usize, what: impl Into<String>) -> Self {
         Error::InvalidArgument {
             rank: Some(rank),

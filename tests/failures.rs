@@ -492,3 +492,50 @@ fn a_send_or_receive_whose_peer_returned_fails_at_once() {
         }
     }
 }
+
+/// The flight record an error carries agrees with it: the rank's own
+/// failed call shows as failed (not in progress, and never "nothing
+/// issued"), and a later call of the same run says the group failed
+/// earlier, where, rather than repeat the first failure as its own.
+#[test]
+fn the_flight_record_agrees_with_the_error_it_ends() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = World::new(WorldConfig::new(2).with_placement(placement)).expect("world");
+        let r = w
+            .run(|c| -> Result<(Error, Error), Error> {
+                let len = if c.rank() == 0 { 1000 } else { 999 };
+                let x = c.zeros(DType::F32, len)?;
+                let first = c.all_reduce(&x, ReduceOp::Sum)?.wait();
+                let later = c.all_reduce(&x, ReduceOp::Sum)?.wait();
+                Ok((
+                    first.expect_err("a mismatch"),
+                    later.expect_err("the group failed"),
+                ))
+            })
+            .expect("run");
+        for (rank, got) in r.into_iter().enumerate() {
+            let (first, later) = got.expect("errors");
+            let Error::Mismatch { seq: 0, flight, .. } = &first else {
+                panic!("{placement}, rank {rank}: {first}");
+            };
+            let mine = flight
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("rank {rank}:")))
+                .unwrap_or_else(|| panic!("{flight}"));
+            assert!(
+                mine.contains("[0 all_reduce") && mine.contains("failed"),
+                "{placement}, rank {rank}: {first}"
+            );
+            assert!(
+                !mine.contains("in progress") && !mine.contains("nothing issued"),
+                "{first}"
+            );
+            match &later {
+                Error::PeerFailed { seq: 1, reason, .. } => {
+                    assert!(reason.starts_with("the group failed at seq 0: "), "{later}")
+                }
+                other => panic!("{placement}, rank {rank}: {other}"),
+            }
+        }
+    }
+}

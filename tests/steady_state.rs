@@ -1,11 +1,19 @@
 //! In steady state a collective creates no wgpu resources: outputs and
 //! scratch come from the device's pool, staging buffers are made once per
 //! communicator, pipelines and bind groups are cached.
+//!
+//! Healing is off here: a table that heals may time another plan on the
+//! calls themselves, and a plan's first call makes its resources.
 
 mod common;
 
 use common::*;
-use wgpu_collectives::{Communicator, Error, ReduceOp};
+use wgpu_collectives::{Communicator, Error, ReduceOp, World, WorldConfig};
+
+/// A world of `n` ranks whose plans stay as its table chose them.
+fn world(n: usize) -> World {
+    World::new(WorldConfig::new(n).with_healing(false)).expect("a world")
+}
 
 fn repeat(c: &Communicator, times: usize, bytes: usize) -> Result<(), Error> {
     let x = c.tensor(&inputs::<f32>(ReduceOp::Sum, c.rank(), bytes / 4))?;

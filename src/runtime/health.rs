@@ -270,6 +270,25 @@ impl Health {
                 };
             }
         };
+        // A later call of the run: it says the group failed earlier, and
+        // where, rather than repeat the first failure's words as its own.
+        let first = match &f.error {
+            Error::Mismatch { seq, .. }
+            | Error::Timeout { seq, .. }
+            | Error::PeerFailed { seq, .. } => Some(*seq),
+            Error::Device { seq, .. } => *seq,
+            _ => None,
+        };
+        if let Some(first) = first.filter(|&s| s != seq && !fp.kind.point_to_point()) {
+            return Err(Error::PeerFailed {
+                rank,
+                seq,
+                doing: self.doing(rank, fp),
+                peer: f.origin,
+                reason: format!("the group failed at seq {first}: {}", f.error.brief()),
+                flight: self.flight.report(),
+            });
+        }
         Err(match f.error {
             // Every rank hears of a mismatch as itself: what it issued,
             // and a rank whose call differs from it.

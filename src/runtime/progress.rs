@@ -265,6 +265,8 @@ impl Progress {
                     for (fp, _) in scratch.fps.iter().zip(&scratch.done).filter(|(_, d)| !**d) {
                         self.health.flight.record(self.rank, *fp, State::Failed);
                     }
+                    // The record the caller reads says this call failed.
+                    let e = e.with_flight(self.health.flight.report());
                     self.stage.clear();
                     state.fail(e);
                 }
