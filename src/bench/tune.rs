@@ -2,7 +2,7 @@
 //! its cached table) and prints the table and where it is cached.
 
 use clap::Parser;
-use wgpu_collectives::{Placement, Tune, WorldConfig};
+use wgpu_collectives::{DType, Error, Placement, ReduceOp, Tune, WorldConfig};
 
 /// Times every plan on this machine's devices (or reads the cached
 /// table) and prints the tuning table the planner would choose from.
@@ -20,6 +20,12 @@ pub struct TuneArgs {
     /// Measure again even when a table is cached (and cache it).
     #[arg(long)]
     pub measure: bool,
+
+    /// Print what the planner chooses for all_reduce at 4 KiB to 64 MiB
+    /// (x4) from the table in FILE (as this command prints it), one
+    /// `choice BYTES PLACEMENT PLAN` line per size, and time nothing.
+    #[arg(long, value_name = "FILE")]
+    pub choices: Option<std::path::PathBuf>,
 }
 
 /// Runs the subcommand on `argv` (after `tune`).
@@ -28,6 +34,9 @@ pub fn run(argv: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         TuneArgs::try_parse_from(std::iter::once("tune".to_string()).chain(argv.iter().cloned()))?;
     let placement = Placement::parse(&a.placement)
         .ok_or_else(|| format!("--placement {:?}: auto, shared or per-rank", a.placement))?;
+    if let Some(file) = &a.choices {
+        return choices(a.ranks, placement, &std::fs::read_to_string(file)?);
+    }
     let world = super::world(
         WorldConfig::new(a.ranks)
             .with_placement(placement)
@@ -89,4 +98,33 @@ fn age(secs: u64) -> String {
         s if s < 172_800 => format!("{} h", s / 3600),
         s => format!("{} days", s / 86_400),
     }
+}
+
+/// The planner's all_reduce choices from `table`: one call of each size,
+/// and the plan it ran with.
+fn choices(ranks: usize, placement: Placement, table: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let world = super::world(
+        WorldConfig::new(ranks)
+            .with_placement(placement)
+            .with_tune_table(table),
+    )?;
+    let sizes: Vec<usize> = (0..7).map(|i| (4usize << 10) << (2 * i)).collect();
+    let plans = world.run(|c| -> Result<Vec<String>, Error> {
+        let mut out = Vec::with_capacity(sizes.len());
+        for &bytes in &sizes {
+            let x = c.zeros(DType::F32, bytes / 4)?;
+            let _ = c.all_reduce_in_place(&x, ReduceOp::Sum)?.wait()?;
+            let plan = c.flight_record().ranks[c.rank()]
+                .last()
+                .and_then(|e| e.plan)
+                .map_or("?", |p| p.name());
+            out.push(plan.to_string());
+        }
+        Ok(out)
+    })?;
+    let first = plans.into_iter().next().ok_or("no rank")??;
+    for (bytes, plan) in sizes.iter().zip(first) {
+        println!("choice {bytes} {} {plan}", world.placement().name());
+    }
+    Ok(())
 }

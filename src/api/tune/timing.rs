@@ -52,6 +52,9 @@ fn offers(kind: Kind) -> &'static [Plan] {
 /// no round is added and no second look taken above 1 MiB.
 const BUDGET: std::time::Duration = std::time::Duration::from_millis(1300);
 
+/// The least timeout the timing worlds' calls wait with.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Where the plans are timed: the world's ranks (the first here, and how
 /// many in all), the links of the world timing plan number `i`, and the
 /// agreement of every process on figures (each the largest any process
@@ -120,7 +123,11 @@ pub(crate) fn measure_over(
             ..tuning.clone()
         };
         let links = (over.links)(i)?;
-        let mut config = config.clone().with_plan(Some(plan));
+        // The timing's own calls wait as long as they need: a world made
+        // with a short timeout on a loaded machine must not fail because
+        // a 16 MiB call took longer than its user's collectives would.
+        let patience = config.timeout().max(PATIENCE);
+        let mut config = config.clone().with_plan(Some(plan)).with_timeout(patience);
         config.quiet = true;
         let w = World::assemble_with(None, devices.to_vec(), links, &config, over.ranks, forced)?;
         // Every kind once first: its kernels compile on first use, which
