@@ -8,7 +8,8 @@
 //! `mpirun --enable-recovery`: the last process exits in the middle of
 //! a collective, and every other must end with an error naming one of its
 //! ranks, well within the timeout (see .ci/run). `=disagree` checks that
-//! processes asking for different rank counts all get an error.
+//! processes asking for different rank counts, tune modes or given tuning
+//! tables all get an error.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::{Num, check, inputs, ops_for, reference};
 use half::{bf16, f16};
-use wgpu_collectives::{Communicator, Error, ReduceOp, World, WorldConfig};
+use wgpu_collectives::{Communicator, Error, ReduceOp, Tune, World, WorldConfig};
 
 type Check = Result<(), String>;
 /// A check every rank runs, made at run time.
@@ -341,23 +342,57 @@ fn disagree() -> ExitCode {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let ranks = if process == 0 { 2 } else { 1 };
-    match World::from_mpi(WorldConfig::new(ranks).with_timeout(Duration::from_secs(10))) {
-        Err(Error::Transport { what, .. })
-            if what.contains("process 0: 2 ranks") && what.contains("process 1: 1 ranks") =>
-        {
-            println!("disagree check passed on process {process}: {what}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("process {process}: expected Error::Transport, got {e}");
-            ExitCode::FAILURE
-        }
-        Ok(_) => {
-            println!("process {process}: a world was made from disagreeing processes");
-            ExitCode::FAILURE
+    let base = || WorldConfig::new(2).with_timeout(Duration::from_secs(10));
+    let table = |p: usize| {
+        format!(
+            "wgpu-collectives tuning 3\nkey process {p}\n\
+             all_reduce device-ring 4096:1e-4\nhost-fold other-bits\nkernel-units 1\nend\n"
+        )
+    };
+    // Rank counts, tune modes, given tables: each disagreement an error on
+    // every process, naming what differs, before anything is timed.
+    let cases: [(&str, WorldConfig, &[&str]); 3] = [
+        (
+            "rank counts",
+            WorldConfig::new(if process == 0 { 2 } else { 1 })
+                .with_timeout(Duration::from_secs(10)),
+            &["process 0: 2 ranks", "process 1: 1 ranks"],
+        ),
+        (
+            "tune modes",
+            base().with_tune(if process == 0 {
+                Tune::Off
+            } else {
+                Tune::Measure
+            }),
+            &["WGPU_COLLECTIVES_TUNE=off", "WGPU_COLLECTIVES_TUNE=measure"],
+        ),
+        (
+            "given tables",
+            base().with_tune_table(table(process)),
+            &["with_tune_table"],
+        ),
+    ];
+    for (what, config, words) in cases {
+        match World::from_mpi(config) {
+            Err(Error::Transport { what: why, .. }) if words.iter().all(|w| why.contains(w)) => {
+                println!("disagree check ({what}) passed on process {process}: {why}");
+            }
+            Err(e) => {
+                println!(
+                    "process {process}, {what}: expected Error::Transport naming {words:?}, got {e}"
+                );
+                return ExitCode::FAILURE;
+            }
+            Ok(_) => {
+                println!(
+                    "process {process}: a world was made from processes disagreeing on {what}"
+                );
+                return ExitCode::FAILURE;
+            }
         }
     }
+    ExitCode::SUCCESS
 }
 
 fn main() -> ExitCode {

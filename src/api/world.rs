@@ -240,6 +240,7 @@ impl WorldConfig {
     /// kernel-units 1
     /// all_reduce device-ring 4096:1e-4 1048576:2e-3
     /// all_reduce one-shot 4096:5e-5 1048576:9e-3
+    /// end
     /// ";
     /// let world = World::new(
     ///     WorldConfig::new(2)
@@ -248,7 +249,7 @@ impl WorldConfig {
     /// )?;
     /// let plans = world.run(|c| -> Result<_, Error> {
     ///     let x = c.tensor(&[1.0f32; 1024])?;
-    ///     c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+    ///     let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
     ///     Ok(c.flight_record().ranks[c.rank()].last().and_then(|e| e.plan))
     /// })?;
     /// assert_eq!(plans[0].clone()?, Some(Plan::OneShot));

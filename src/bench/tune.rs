@@ -102,7 +102,11 @@ fn age(secs: u64) -> String {
 
 /// The planner's all_reduce choices from `table`: one call of each size,
 /// and the plan it ran with.
-fn choices(ranks: usize, placement: Placement, table: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn choices(
+    ranks: usize,
+    placement: Placement,
+    table: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let world = super::world(
         WorldConfig::new(ranks)
             .with_placement(placement)
