@@ -397,6 +397,37 @@ fn disagree(case: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The last rank (in the last process) returns at once: rank 1's receive
+/// from it fails within seconds naming it, not at the timeout (20 s),
+/// though it lives in another process. (A send to it completes once MPI
+/// has its bytes, as `MPI_Send` of a small message does.)
+fn departed_peer(c: &Communicator) -> Check {
+    let (n, r) = (c.size(), c.rank());
+    let last = n - 1;
+    if r != 1 {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let x = c.tensor(&[1.0f32; 16]).map_err(|e| fail("a tensor", e))?;
+    match c.recv(&x, last).and_then(|w| w.wait()).map(drop) {
+        Err(Error::PeerFailed { peer, reason, .. })
+            if peer == last && reason.contains(&format!("rank {last} returned")) =>
+        {
+            if start.elapsed() < Duration::from_secs(5) {
+                Ok(())
+            } else {
+                Err(format!("rank {r}: told after {:?}", start.elapsed()))
+            }
+        }
+        Err(e) => Err(format!(
+            "rank {r}: expected PeerFailed naming rank {last}, got {e}"
+        )),
+        Ok(()) => Err(format!(
+            "rank {r}: a receive from a departed rank succeeded"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let mode = std::env::var("WGPU_COLLECTIVES_MPI_TEST").unwrap_or_default();
     if let Some(case) = mode.strip_prefix("disagree") {
@@ -424,7 +455,7 @@ fn main() -> ExitCode {
     }
     // The mismatch goes last: a failed run's late messages could reach a
     // later run (a world that failed is made anew, as in NCCL).
-    let checks: [Named; 9] = [
+    let checks: [Named; 10] = [
         ("all_reduce f32", |c| all_reduce::<f32>(c, &[1, 7, 300_001])),
         ("all_reduce f16", |c| all_reduce::<f16>(c, &[7, 4099])),
         ("all_reduce bf16", |c| all_reduce::<bf16>(c, &[7, 4099])),
@@ -436,6 +467,7 @@ fn main() -> ExitCode {
             "a split of one process meets on its device",
             split_by_process,
         ),
+        ("a receive whose peer returned", departed_peer),
         ("one rank issues another length", mismatch),
     ];
     let mut failed = false;

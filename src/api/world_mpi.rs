@@ -288,6 +288,10 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
         let origin = u32::try_from(origin).unwrap_or(u32::MAX);
         out.notify(group, run, origin, &error.to_string());
     }));
+    let away = hub.clone();
+    health.depart_to(Box::new(move |run, rank| {
+        away.depart(group, run, u32::try_from(rank).unwrap_or(u32::MAX));
+    }));
     let (tx, rx) = crossbeam::channel::unbounded::<Notice>();
     hub.on_notice(group, tx);
     let health = Arc::downgrade(health);
@@ -295,13 +299,16 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
         .name("mpi-notices".into())
         .spawn(move || {
             let mut later: Vec<(Route, String)> = Vec::new();
+            // Ranks of other processes that returned, in a run.
+            let mut departed: Vec<Route> = Vec::new();
             let mut dead: Vec<(usize, String)> = Vec::new();
             loop {
                 // Ends when the hub, and with it the sender, is gone. With
                 // nothing held for a later run it wakes only for notices.
-                let idle = later.is_empty() && dead.is_empty();
+                let idle = later.is_empty() && dead.is_empty() && departed.is_empty();
                 match rx.recv_timeout(Duration::from_millis(if idle { 1000 } else { 5 })) {
                     Ok(Notice::Failed(route, text)) => later.push((route, text)),
+                    Ok(Notice::Gone(route)) => departed.push(route),
                     Ok(Notice::Silent { process, quiet }) => {
                         let first = process.saturating_mul(local);
                         let last = first.saturating_add(local.saturating_sub(1));
@@ -318,6 +325,13 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
                 }
                 let Some(h) = health.upgrade() else { return };
                 let now = h.runs();
+                // A departure belongs to its run: one from a run not
+                // started here yet waits for it, one from a run left is stale.
+                departed.retain(|route| route.epoch >= now);
+                for route in departed.iter().filter(|r| r.epoch == now) {
+                    h.gone_elsewhere(usize::try_from(route.from).unwrap_or(usize::MAX));
+                }
+                departed.retain(|route| route.epoch != now);
                 later.retain(|(route, _)| route.epoch >= now);
                 let (due, rest) = std::mem::take(&mut later)
                     .into_iter()

@@ -32,6 +32,8 @@ pub(crate) struct Health {
     dump: Option<std::path::PathBuf>,
     /// Tells ranks in other processes of a failure first recorded here.
     announce: std::sync::OnceLock<Announce>,
+    /// Where this process's departures are passed on (other processes).
+    depart: std::sync::OnceLock<Depart>,
     /// Runs started (resets): a failure passed on from another process
     /// belongs to the run it happened in, not to whichever runs here.
     runs: std::sync::atomic::AtomicU32,
@@ -46,6 +48,9 @@ pub(crate) struct Health {
 /// other processes): the run it happened in (see `Health::runs`), the
 /// rank that failed, and its error.
 pub(crate) type Announce = Box<dyn Fn(u32, usize, &Error) + Send + Sync>;
+/// Passes on that a rank of this process returned from its closure in a
+/// run (the run, the rank).
+pub(crate) type Depart = Box<dyn Fn(u32, usize) + Send + Sync>;
 
 #[derive(Clone)]
 struct Failure {
@@ -71,6 +76,7 @@ impl Health {
             parent: None,
             dump,
             announce: std::sync::OnceLock::new(),
+            depart: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
             alarm: Arc::default(),
         })
@@ -88,6 +94,7 @@ impl Health {
             alarm: parent.0.alarm.clone(),
             parent: Some(parent),
             announce: std::sync::OnceLock::new(),
+            depart: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
         }
     }
@@ -136,12 +143,33 @@ impl Health {
         }
     }
 
-    /// Marks `rank` as finished for good (until the next run).
+    /// Marks `rank` as finished for good (until the next run), and tells
+    /// other processes.
     pub(crate) fn set_gone(&self, rank: usize) {
+        self.gone_here(rank);
+        if let Some(d) = self.depart.get() {
+            d(self.runs(), rank);
+        }
+    }
+
+    /// Marks `rank` as finished for good (until the next run).
+    fn gone_here(&self, rank: usize) {
         if let Some(g) = self.gone.get(rank) {
             g.store(true, Ordering::Release);
         }
         self.alarm.raise();
+    }
+
+    /// Marks `rank`, of another process, as finished (not passed on).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn gone_elsewhere(&self, rank: usize) {
+        self.gone_here(rank);
+    }
+
+    /// Where departures of this process's ranks are passed on (set once).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn depart_to(&self, depart: Depart) {
+        let _ = self.depart.set(depart);
     }
 
     pub(crate) fn is_gone(&self, rank: usize) -> bool {

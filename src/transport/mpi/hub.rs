@@ -85,11 +85,17 @@ pub(crate) enum Arrived {
     Landed(Landed),
 }
 
+/// The lane of a notice that says a rank returned from its closure.
+const DEPARTED: u8 = 1;
+
 /// What the hub tells a group rather than one rank.
 pub(crate) enum Notice {
     /// A rank of another process recorded a failure: the group's route
     /// (its run, and in `from` the rank that failed) and the error's text.
     Failed(Route, String),
+    /// A rank of another process returned from its closure in the
+    /// route's run (`from`): its peers fail at once, not at a deadline.
+    Gone(Route),
     /// A process has sent nothing, not even its heartbeat, for `quiet`
     /// (more than the liveness window): it died, or hangs.
     Silent { process: usize, quiet: Duration },
@@ -299,6 +305,27 @@ impl Hub {
                 process,
                 head,
                 body: Outgoing::Bytes(body.clone()),
+            });
+        }
+    }
+
+    /// Tells every other process's group `group` that its rank `from`
+    /// returned from its closure in run `epoch` (a notice on lane 1: not
+    /// a failure).
+    pub(crate) fn depart(&self, group: u64, epoch: u32, from: u32) {
+        let route = Route {
+            group,
+            epoch,
+            to: 0,
+            from,
+            lane: DEPARTED,
+        };
+        for process in (0..self.processes).filter(|&p| p != self.process) {
+            let head = encode_head(Kind::Notice, route, &[], 0);
+            let _ = self.commands.send(Command::Send {
+                process,
+                head,
+                body: Outgoing::Bytes(Vec::new()),
             });
         }
     }
@@ -751,8 +778,12 @@ fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
     let mut r = lock(routes);
     if kind == Kind::Notice {
         if let (Some(n), Arrived::Bytes(body)) = (r.notices.get(&route.group), &frame.body) {
-            let text = String::from_utf8_lossy(body).into_owned();
-            let _ = n.send(Notice::Failed(route, text));
+            let _ = if route.lane == DEPARTED {
+                n.send(Notice::Gone(route))
+            } else {
+                let text = String::from_utf8_lossy(body).into_owned();
+                n.send(Notice::Failed(route, text))
+            };
         }
         return;
     }
