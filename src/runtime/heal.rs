@@ -35,17 +35,26 @@ pub(crate) const EVERY: u64 = 8;
 pub(crate) const AHEAD: u64 = 2;
 /// Calls of the chosen plan a trigger judges (their median).
 const WINDOW: usize = 8;
-/// The least margin over the prediction that counts as slower.
-const SLOW: f64 = 0.25;
+/// The least margin over the prediction that counts as slower (the
+/// calls of a program are timed otherwise than the tuner's, one by one:
+/// a difference this small is the method's, not the table's).
+const SLOW: f64 = 0.5;
+/// A plan slower than predicted is timed against the rivals predicted
+/// within this factor of what it takes.
+const REACH: f64 = 2.0;
 /// The least margin two predictions are told apart by.
 const NOISE: f64 = 0.05;
 /// Calls of each contender an exploration waits for.
 const EACH: usize = 4;
 /// Calls in a row that run one contender while exploring (the first
 /// of them is not counted: it carries the last plan's tail).
-const BLOCK: u64 = 3;
+const BLOCK: u64 = 4;
 /// Checkpoints an exploration may last, at most.
 const LONGEST: u64 = 10;
+/// Checkpoints a size explored once waits before it is looked at again
+/// (twice as long after each look): an exploration costs its calls, and
+/// on a noisy machine a second look mostly finds the first's answer.
+const QUIET: u64 = 16;
 /// Sizes watched at once (the most recently used are kept).
 const KEYS: usize = 32;
 /// Calls kept per size watched.
@@ -194,10 +203,7 @@ impl Healer {
     pub(crate) fn decide(&mut self, run: u32, c: u64) -> (Directive, Option<Arc<Table>>) {
         let changed = match self.exploring.clone() {
             Some((e, from, began)) => self.conclude(&e, from, began, c),
-            None => {
-                self.trigger(run, c);
-                None
-            }
+            None => self.trigger(run, c),
         };
         let directive = Directive {
             table: self.table.clone(),
@@ -212,12 +218,13 @@ impl Healer {
     }
 
     /// Starts an exploration where a size's calls say the table is wrong
-    /// or too close to call; it takes effect at checkpoint `c`.
-    fn trigger(&mut self, run: u32, c: u64) {
+    /// or too close to call; it takes effect at checkpoint `c`. Where the
+    /// chosen plan is slower than predicted and no rival could beat what
+    /// it takes, the table takes what it took instead (returned).
+    fn trigger(&mut self, run: u32, c: u64) -> Option<Arc<Table>> {
         let table = self.table.clone();
         let since = self.since;
-        let mut found = None;
-        for s in &self.seen {
+        for s in &mut self.seen {
             if s.quiet_until > c {
                 continue;
             }
@@ -231,44 +238,75 @@ impl Healer {
             let Some(plan) = plan.filter(|p| recent.iter().all(|r| r.1 == *p)) else {
                 continue;
             };
-            let entry = |p: Plan| {
-                table
-                    .entries
-                    .iter()
-                    .find(|e| e.kind == s.kind && e.plan == p)
+            let Some(mine) = table
+                .entries
+                .iter()
+                .find(|e| e.kind == s.kind && e.plan == plan)
+            else {
+                continue;
             };
-            let Some(mine) = entry(plan) else { continue };
             let predicted = mine.cost.at(s.bytes);
             let spread = mine.cost.spread_near(s.bytes);
             let mut secs: Vec<f64> = recent.iter().map(|r| r.2).collect();
-            let Some((observed, _)) = median(&mut secs) else {
+            let Some((observed, observed_spread)) = median(&mut secs) else {
                 continue;
             };
-            // Plans that may run this size: the one-shot not far past
-            // where it was timed (it holds every contribution at once).
+            // Plans the planner could run at this size: not far past the
+            // largest size they were timed at (`Table::best`).
             let others: Vec<(Plan, f64, f64)> = table
                 .entries
                 .iter()
                 .filter(|e| e.kind == s.kind && e.plan != plan)
-                .filter(|e| e.plan != Plan::OneShot || s.bytes as f64 <= 4.0 * e.cost.largest())
+                .filter(|e| s.bytes as f64 <= 4.0 * e.cost.largest())
                 .map(|e| (e.plan, e.cost.at(s.bytes), e.cost.spread_near(s.bytes)))
                 .collect();
             let slow = observed > predicted * (1.0 + SLOW.max(3.0 * spread));
-            let close: Vec<Plan> = others
-                .iter()
-                .filter(|(_, q, qs)| *q <= predicted * (1.0 + NOISE.max(spread + qs)))
-                .map(|o| o.0)
-                .collect();
-            let plans: Vec<Plan> = if slow {
-                // The table is wrong here: its other predictions too, maybe.
-                std::iter::once(plan)
-                    .chain(others.iter().map(|o| o.0))
+            let rivals: Vec<Plan> = if slow {
+                // The table is wrong here, its other predictions maybe
+                // too: every plan that might beat what this one takes,
+                // not those far behind (timing them costs the calls).
+                others
+                    .iter()
+                    .filter(|(_, q, _)| *q <= REACH * observed)
+                    .map(|o| o.0)
                     .collect()
-            } else if !close.is_empty() {
-                std::iter::once(plan).chain(close).collect()
             } else {
-                continue;
+                // Near what it is predicted to take, or takes, whichever
+                // is less (explored calls carry more than calls in a row).
+                let base = predicted.min(observed);
+                others
+                    .iter()
+                    .filter(|(_, q, qs)| *q <= base * (1.0 + NOISE.max(spread + qs)))
+                    .map(|o| o.0)
+                    .collect()
             };
+            if rivals.is_empty() {
+                if !slow {
+                    continue;
+                }
+                // Nothing could beat it: the table takes what it takes.
+                s.explored = s.explored.saturating_add(1);
+                s.quiet_until =
+                    c.saturating_add(QUIET.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX));
+                let point = Point {
+                    bytes: s.bytes as f64,
+                    secs: observed,
+                    spread: observed_spread,
+                };
+                tracing::info!(
+                    kind = s.kind.name(),
+                    bytes = s.bytes,
+                    plan = plan.name(),
+                    observed_us = observed * 1e6,
+                    predicted_us = predicted * 1e6,
+                    "healing: slower than predicted, and no rival near; the table takes it"
+                );
+                let t = Arc::new(table.with_point(s.kind, plan, point));
+                self.table = t.clone();
+                self.since = (run, c.saturating_mul(EVERY));
+                return Some(t);
+            }
+            let plans: Vec<Plan> = std::iter::once(plan).chain(rivals).collect();
             tracing::info!(
                 kind = s.kind.name(),
                 bytes = s.bytes,
@@ -279,16 +317,15 @@ impl Healer {
                 contenders = ?plans.iter().map(|p| p.name()).collect::<Vec<_>>(),
                 "healing: timing the contenders again on the calls themselves"
             );
-            found = Some(Explore {
+            let e = Explore {
                 kind: s.kind,
                 bytes: s.bytes,
                 plans,
-            });
-            break;
-        }
-        if let Some(e) = found {
+            };
             self.exploring = Some((Arc::new(e), (run, c.saturating_mul(EVERY)), c));
+            return None;
         }
+        None
     }
 
     /// Ends the exploration `e` (in force from `from`, decided at
@@ -313,7 +350,7 @@ impl Healer {
         self.exploring = None;
         s.explored = s.explored.saturating_add(1);
         // Twice as long each time before the next look.
-        let wait = 4u64.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX);
+        let wait = QUIET.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX);
         s.quiet_until = c.saturating_add(wait);
         let mut table = (*self.table).clone();
         let mut learned = Vec::new();
@@ -322,6 +359,7 @@ impl Healer {
             if v.len() < 2 {
                 continue;
             }
+            // The median, as the calls that follow are judged by.
             if let Some((secs, spread)) = median(&mut v) {
                 let point = Point {
                     bytes: e.bytes as f64,
