@@ -112,7 +112,7 @@ fn choices(
             .with_placement(placement)
             .with_tune_table(table),
     )?;
-    let sizes: Vec<usize> = (0..7).map(|i| (4usize << 10) << (2 * i)).collect();
+    let sizes: Vec<usize> = (0..8).map(|i| (4usize << 10) << (2 * i)).collect();
     let plans = world.run(|c| -> Result<Vec<String>, Error> {
         let mut out = Vec::with_capacity(sizes.len());
         for &bytes in &sizes {
