@@ -409,14 +409,7 @@ pub(crate) fn second_looks(series: &[Series]) -> Vec<(usize, usize)> {
     let mut kinds: Vec<Kind> = series.iter().map(|s| s.kind).collect();
     kinds.dedup();
     for kind in kinds {
-        let mut sizes: Vec<usize> = series
-            .iter()
-            .filter(|s| s.kind == kind)
-            .flat_map(|s| s.sizes.iter().map(|t| t.bytes))
-            .collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        for w in sizes.windows(2) {
+        for w in sizes_of(series, kind).windows(2) {
             let [a, b] = [w[0], w[1]];
             let (Some((pa, _)), Some((pb, _))) = (best(series, kind, a), best(series, kind, b))
             else {
@@ -434,6 +427,18 @@ pub(crate) fn second_looks(series: &[Series]) -> Vec<(usize, usize)> {
         }
     }
     out
+}
+
+/// The sizes any plan of `kind` was timed at, ascending.
+pub(crate) fn sizes_of(series: &[Series], kind: Kind) -> Vec<usize> {
+    let mut sizes: Vec<usize> = series
+        .iter()
+        .filter(|s| s.kind == kind)
+        .flat_map(|s| s.sizes.iter().map(|t| t.bytes))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
 }
 
 /// The table's entries: each contender's points.

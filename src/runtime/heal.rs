@@ -106,6 +106,14 @@ struct Seen {
     explored: u32,
 }
 
+/// A size looked at again at checkpoint `c`, after `explored` looks
+/// before: counts the look, and gives the checkpoint it is quiet until
+/// ([`QUIET`] checkpoints, twice as long after each look).
+fn looked(explored: &mut u32, c: u64) -> u64 {
+    *explored = explored.saturating_add(1);
+    c.saturating_add(QUIET.checked_shl((*explored).min(20)).unwrap_or(u64::MAX))
+}
+
 /// Rank 0's learning: observations in, directives out.
 #[derive(Debug)]
 pub(crate) struct Healer {
@@ -285,9 +293,7 @@ impl Healer {
                     continue;
                 }
                 // Nothing could beat it: the table takes what it takes.
-                s.explored = s.explored.saturating_add(1);
-                s.quiet_until =
-                    c.saturating_add(QUIET.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX));
+                s.quiet_until = looked(&mut s.explored, c);
                 let point = Point {
                     bytes: s.bytes as f64,
                     secs: observed,
@@ -348,10 +354,7 @@ impl Healer {
             return None;
         }
         self.exploring = None;
-        s.explored = s.explored.saturating_add(1);
-        // Twice as long each time before the next look.
-        let wait = QUIET.checked_shl(s.explored.min(20)).unwrap_or(u64::MAX);
-        s.quiet_until = c.saturating_add(wait);
+        s.quiet_until = looked(&mut s.explored, c);
         let mut table = (*self.table).clone();
         let mut learned = Vec::new();
         for &p in &e.plans {

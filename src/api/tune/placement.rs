@@ -22,7 +22,7 @@ use crate::api::world::WorldConfig;
 use crate::device::RankDevice;
 use crate::error::Result;
 use crate::runtime::cost::Algorithm;
-use crate::runtime::estimate::Series;
+use crate::runtime::estimate::{self, Series};
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::planner::Tuning;
 use crate::runtime::tune::Point;
@@ -35,14 +35,7 @@ const NOISE: f64 = 0.05;
 
 /// The fastest plan's point at each size timed for `kind`.
 fn best_points(series: &[Series], kind: Kind) -> Vec<Point> {
-    let mut sizes: Vec<usize> = series
-        .iter()
-        .filter(|s| s.kind == kind)
-        .flat_map(|s| s.sizes.iter().map(|t| t.bytes))
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    sizes
+    estimate::sizes_of(series, kind)
         .into_iter()
         .filter_map(|b| {
             series
