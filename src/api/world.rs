@@ -49,6 +49,7 @@ pub struct WorldConfig {
     tune_cache: Option<PathBuf>,
     tune_table: Option<String>,
     heal: Option<bool>,
+    busy: Option<f64>,
     expected: Option<(usize, usize)>,
     /// A world tuning makes to time a plan: it logs nothing of its own.
     pub(crate) quiet: bool,
@@ -83,6 +84,7 @@ impl WorldConfig {
             tune_cache: None,
             tune_table: None,
             heal: None,
+            busy: None,
             expected: None,
             quiet: false,
         }
@@ -291,6 +293,45 @@ impl WorldConfig {
                 }),
             },
             _ => Ok(true),
+        }
+    }
+
+    /// The largest share (0 to 1) of the machine's CPU time that other
+    /// processes may use while a world times its plans: a table timed on
+    /// a busier machine decides nothing and is not cached (the planner's
+    /// rules decide, and the next world times again), since a core held
+    /// by a build or a training job made the plans tie that are 1.6-4.8x
+    /// apart on a quiet machine. 1 times whatever the load, for a machine
+    /// that is never quiet (default: the `WGPU_COLLECTIVES_TUNE_BUSY`
+    /// environment variable, in percent, else 10%).
+    pub fn with_busy_limit(mut self, share: f64) -> Self {
+        self.busy = Some(share);
+        self
+    }
+
+    pub(crate) fn busy_limit(&self) -> Result<f64> {
+        if let Some(b) = self.busy.filter(|b| (0.0..=1.0).contains(b)) {
+            return Ok(b);
+        }
+        if let Some(b) = self.busy {
+            return Err(Error::InvalidArgument {
+                rank: None,
+                what: format!("WorldConfig::with_busy_limit({b}): a share from 0 to 1"),
+            });
+        }
+        match std::env::var("WGPU_COLLECTIVES_TUNE_BUSY") {
+            Ok(s) if !s.trim().is_empty() => s
+                .trim()
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .ok()
+                .filter(|p| (0.0..=100.0).contains(p))
+                .map(|p| p / 100.0)
+                .ok_or_else(|| Error::InvalidArgument {
+                    rank: None,
+                    what: format!("WGPU_COLLECTIVES_TUNE_BUSY={s:?}: a percentage from 0 to 100"),
+                }),
+            _ => Ok(crate::api::tune::load::BUSY),
         }
     }
 

@@ -432,13 +432,25 @@ fn tuned_over(
                     })
                     .collect())
             };
+            let gather = |v: &[u64]| -> Result<Vec<u64>> {
+                hub.all_gather(v.to_vec(), limit).map_err(transport)
+            };
             let over = Over {
                 ranks: (base, total),
                 links: &links,
                 agree: &agree,
+                gather: &gather,
             };
-            let series = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
-            let mine = tune::table_of(false, &series, tuning).to_text(&key);
+            let timed = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
+            // Every process knows the load (it was agreed); process 0's
+            // limit decides, as its text is every process's.
+            let most = config.busy_limit()?;
+            let busy = timed.others > most;
+            let mine = if busy {
+                tune::refused(key.clone(), false, tuning, timed.others, most).text
+            } else {
+                tune::table_of(false, &timed.series, tuning).to_text(&key)
+            };
             let text = share_text(hub, (process == 0).then_some(mine.as_str()), limit)
                 .map_err(transport)?
                 .ok_or_else(|| transport("process 0 sent no tuning table".into()))?;
@@ -446,7 +458,7 @@ fn tuned_over(
                 ms = start.elapsed().as_secs_f64() * 1e3,
                 "world over MPI: plans timed by every process together"
             );
-            if process == 0 {
+            if process == 0 && !busy {
                 // Only process 0 keeps a cache.
                 if let Some(path) = config
                     .tune_cache()
@@ -464,8 +476,9 @@ fn tuned_over(
         table: Arc::new(table),
         path: cached.map(|t| t.2),
         key: Table::key_of(&text).unwrap_or_default().to_string(),
+        // A table timed on a busy machine decides nothing: nothing to heal.
+        heals: !text.starts_with(tune::REFUSED),
         text,
-        heals: true,
     })
 }
 

@@ -52,12 +52,17 @@ pub fn run(argv: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                 .into(),
         );
     };
+    let refused = table.starts_with("# refused:");
     println!(
         "# {} ranks, placement {}, cached at {}",
         world.size(),
         world.placement().name(),
         world.tuning_cache().map_or(
-            "nowhere (the cache could not be written)".to_string(),
+            if refused {
+                "nowhere (timed on a busy machine)".to_string()
+            } else {
+                "nowhere (the cache could not be written)".to_string()
+            },
             |p| p.display().to_string()
         )
     );

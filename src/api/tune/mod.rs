@@ -15,6 +15,7 @@
 //! anyway.
 
 pub(crate) mod cache;
+pub(crate) mod load;
 pub(crate) mod placement;
 pub(crate) mod timing;
 
@@ -149,25 +150,32 @@ pub(crate) fn table_for(
     };
     let start = Instant::now();
     let tuning = &agreed(first, n, tuning)?;
-    let series = timing::measure(config, devices, meets, tuning, &KINDS)?;
-    Ok(Some(keep(config, key, meets, &series, tuning, start)))
+    let timed = timing::measure(config, devices, meets, tuning, &KINDS)?;
+    keep(config, key, meets, &timed, tuning, start).map(Some)
 }
 
-/// The table of `series`, measured since `start` under `key`, logged
-/// and cached.
+/// The table of what was `timed` since `start` under `key`, logged and
+/// cached; refused (`refused`) when other processes loaded the machine
+/// meanwhile.
 pub(crate) fn keep(
     config: &WorldConfig,
     key: String,
     meets: bool,
-    series: &[Series],
+    timed: &timing::Measurement,
     tuning: &Tuning,
     start: Instant,
-) -> Tuned {
+) -> Result<Tuned> {
+    let limit = config.busy_limit()?;
+    if timed.others > limit {
+        return Ok(refused(key, meets, tuning, timed.others, limit));
+    }
+    let series = &timed.series;
     let table = table_of(meets, series, tuning);
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         entries = table.entries.len(),
         second_look = table.second_look,
+        others_percent = (timed.others * 100.0).round(),
         "world: plans timed on its devices"
     );
     let text = table.to_text(&key);
@@ -175,12 +183,43 @@ pub(crate) fn keep(
         .tune_cache()
         .map(|dir| dir.join(cache::file_name(&key)))
         .filter(|path| cache::write(path, &text, "the tuning table"));
-    Tuned {
+    Ok(Tuned {
         table: Arc::new(table),
         text,
         key,
         path,
         heals: true,
+    })
+}
+
+/// The first words of a refused table's text (`refused`).
+pub(crate) const REFUSED: &str = "# refused:";
+
+/// The table of a timing during which other processes used `others` of
+/// the machine's CPU (`load.rs`), more than `limit`: no points, so that the planner's rules
+/// decide, not kept in the cache and not healed, and its text says why.
+pub(crate) fn refused(key: String, meets: bool, tuning: &Tuning, others: f64, limit: f64) -> Tuned {
+    tracing::warn!(
+        others_percent = (others * 100.0).round(),
+        limit_percent = (limit * 100.0).round(),
+        "world: other processes loaded the machine while its plans were timed; the timings \
+         decide nothing and are not cached (the planner's rules decide; the next world times \
+         again)"
+    );
+    let table = table_of(meets, &[], tuning);
+    let text = format!(
+        "{REFUSED} other processes used {:.0}% of this machine's CPU while the plans were \
+         timed (more than {:.0}%): the planner's rules decide, and nothing is cached\n{}",
+        others * 100.0,
+        limit * 100.0,
+        table.to_text(&key)
+    );
+    Tuned {
+        table: Arc::new(table),
+        text,
+        key,
+        path: None,
+        heals: false,
     }
 }
 
@@ -225,4 +264,145 @@ pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     // A measurement that panicked left nothing half-done that matters.
     TURN.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::float_cmp)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::device::tensor::DType;
+    use crate::op::ReduceOp;
+    use crate::runtime::collectives::Collective;
+    use crate::runtime::collectives::all_reduce::AllReduce;
+    use crate::runtime::cost::{CostModel, Rates};
+    use crate::runtime::estimate::Timed;
+    use crate::runtime::fingerprint::Kind;
+    use crate::runtime::plan::Plan;
+    use crate::runtime::planner;
+
+    fn tuning() -> Tuning {
+        Tuning {
+            algorithm: Algorithm::Auto,
+            plan: None,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table: None,
+            heal: None,
+            prefer: None,
+        }
+    }
+
+    /// `plan`'s all_reduce taking `secs` per byte (and 50 µs) at 4 KiB to
+    /// 16 MiB, five calls a point.
+    fn series(plan: Plan, per_byte: f64) -> Series {
+        Series {
+            kind: Kind::AllReduce,
+            plan,
+            sizes: estimate::SIZES
+                .iter()
+                .map(|&bytes| Timed {
+                    bytes,
+                    looks: vec![vec![50e-6 + per_byte * bytes as f64; 5]],
+                })
+                .collect(),
+        }
+    }
+
+    /// The plan the planner runs a 1 MiB all_reduce of 4 ranks on one
+    /// device with, from `table`.
+    fn chosen(table: &Arc<Table>) -> Plan {
+        let what: Collective = AllReduce {
+            dtype: DType::F32,
+            len: 1 << 18,
+            op: ReduceOp::Sum,
+        }
+        .into();
+        let t = Tuning {
+            table: Some(table.clone()),
+            ..tuning()
+        };
+        planner::choose(&t, &what, 4, &Some(Ok(()))).expect("a plan")
+    }
+
+    #[test]
+    fn a_table_timed_while_other_processes_loaded_the_machine_decides_nothing_and_is_not_cached() {
+        let dir = std::env::temp_dir().join(format!("wgc-refused-{}", std::process::id()));
+        let config = WorldConfig::new(4).with_tune_cache(&dir);
+        // Timed so that the host ring wins everywhere (as a busy machine
+        // can make it).
+        let series = vec![series(Plan::HostRing, 1e-9), series(Plan::Direct, 3e-9)];
+        let quiet = measurement(&series, 0.02);
+        let kept = keep(
+            &config,
+            "quiet".into(),
+            true,
+            &quiet,
+            &tuning(),
+            Instant::now(),
+        )
+        .expect("kept");
+        assert!(kept.heals);
+        assert!(kept.path.as_ref().is_some_and(|p| p.exists()));
+        assert_eq!(chosen(&kept.table), Plan::HostRing);
+
+        let busy = measurement(&series, 0.43);
+        let refused = keep(
+            &config,
+            "busy".into(),
+            true,
+            &busy,
+            &tuning(),
+            Instant::now(),
+        )
+        .expect("kept");
+        assert!(!refused.heals);
+        assert_eq!(refused.path, None);
+        assert!(!dir.join(cache::file_name("busy")).exists());
+        assert!(refused.table.entries.is_empty());
+        assert!(refused.text.starts_with(REFUSED), "{}", refused.text);
+        assert!(refused.text.contains("43%"), "{}", refused.text);
+        // The rules decide: the direct kernel, where the ranks share a device.
+        assert_eq!(chosen(&refused.table), Plan::Direct);
+        // The text is a table as `with_tune_table` takes it.
+        let again = Table::from_text(&refused.text, None).expect("a table");
+        assert!(again.entries.is_empty());
+        // A limit of 1 times whatever the load.
+        let config = config.with_busy_limit(1.0);
+        let anyway = keep(
+            &config,
+            "busy".into(),
+            true,
+            &busy,
+            &tuning(),
+            Instant::now(),
+        )
+        .expect("kept");
+        assert!(anyway.heals && anyway.path.is_some());
+        assert_eq!(chosen(&anyway.table), Plan::HostRing);
+        assert!(
+            WorldConfig::new(4)
+                .with_busy_limit(1.5)
+                .busy_limit()
+                .is_err()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn measurement(series: &[Series], others: f64) -> timing::Measurement {
+        timing::Measurement {
+            series: series.to_vec(),
+            others,
+        }
+    }
 }

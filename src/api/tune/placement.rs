@@ -16,7 +16,8 @@ use std::time::Instant;
 use crate::api::bootstrap::devices_on;
 use crate::api::placement::Placement;
 use crate::api::tune::{
-    Tune, Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, table_for, timing,
+    Tune, Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, refused, table_for,
+    timing,
 };
 use crate::api::world::WorldConfig;
 use crate::device::RankDevice;
@@ -167,9 +168,19 @@ pub(crate) fn placement_for(
     let on_shared = timing::measure(&shared_cfg, &devices, true, &tuning, &ar)?;
     let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
     let on_apart = timing::measure(&apart_cfg, &apart, false, &tuning, &ar)?;
+    let others = on_shared.others.max(on_apart.others);
+    let limit = config.busy_limit()?;
+    if others > limit {
+        // Timed on a busy machine: the ranks stay on the device they
+        // share (as the rules leave them), and no choice is cached.
+        drop(apart);
+        let key = cache::key(&devices, n, true, "one process");
+        let tuned = refused(key, true, &tuning, others, limit);
+        return Ok((devices, shared_cfg, Some((tuning, Some(tuned)))));
+    }
     let (s_pts, a_pts) = (
-        best_points(&on_shared, Kind::AllReduce),
-        best_points(&on_apart, Kind::AllReduce),
+        best_points(&on_shared.series, Kind::AllReduce),
+        best_points(&on_apart.series, Kind::AllReduce),
     );
     let shared = keep_shared(&s_pts, &a_pts, hi);
     tracing::info!(
@@ -189,10 +200,13 @@ pub(crate) fn placement_for(
     } else {
         (apart, apart_cfg, on_apart)
     };
-    series.extend(timing::measure(&cfg, &devices, shared, &tuning, &rest)?);
+    let others = series.others;
+    let more = timing::measure(&cfg, &devices, shared, &tuning, &rest)?;
+    series.series.extend(more.series);
+    series.others = others.max(more.others);
     let key = cache::key(&devices, n, shared, "one process");
-    let tuned = keep(&cfg, key, shared, &series, &tuning, start);
-    if let Some(path) = &choice_path {
+    let tuned = keep(&cfg, key, shared, &series, &tuning, start)?;
+    if let (Some(path), false) = (&choice_path, series.others > limit) {
         let text = choice_text(&choice_key, &s_pts, &a_pts, shared);
         cache::write(path, &text, "the placement chosen");
     }

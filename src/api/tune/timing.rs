@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::api::tune::load;
 use crate::api::world::{World, WorldConfig};
 use crate::device::RankDevice;
 use crate::device::tensor::DType;
@@ -56,13 +57,24 @@ const BUDGET: std::time::Duration = std::time::Duration::from_millis(1300);
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where the plans are timed: the world's ranks (the first here, and how
-/// many in all), the links of the world timing plan number `i`, and the
+/// many in all), the links of the world timing plan number `i`, the
 /// agreement of every process on figures (each the largest any process
-/// measured), so that every process takes the same steps.
+/// measured), so that every process takes the same steps, and every
+/// process's words, one after another (the same length from each).
 pub(crate) struct Over<'a> {
     pub ranks: (usize, usize),
     pub links: &'a dyn Fn(usize) -> Result<Vec<Arc<crate::runtime::hop::Link>>>,
     pub agree: &'a dyn Fn(&[f64]) -> Result<Vec<f64>>,
+    pub gather: &'a dyn Fn(&[u64]) -> Result<Vec<u64>>,
+}
+
+/// What timing found: each plan's series, and the largest share of a
+/// host's CPU that other processes used meanwhile (`load.rs`), agreed by
+/// every process.
+#[derive(Debug, Default)]
+pub(crate) struct Measurement {
+    pub series: Vec<Series>,
+    pub others: f64,
 }
 
 /// Times `kinds` under every plan that can run on `devices` (meeting on
@@ -73,12 +85,13 @@ pub(crate) fn measure(
     meets: bool,
     tuning: &Tuning,
     kinds: &[Kind],
-) -> Result<Vec<Series>> {
+) -> Result<Measurement> {
     let n = devices.len();
     let here = Over {
         ranks: (0, n),
         links: &|_| Ok(mesh(n, meets.then_some(shared::place as MakePlace))),
         agree: &|v| Ok(v.to_vec()),
+        gather: &|v| Ok(v.to_vec()),
     };
     measure_over(config, devices, meets, tuning, kinds, &here)
 }
@@ -92,8 +105,9 @@ pub(crate) fn measure_over(
     tuning: &Tuning,
     kinds: &[Kind],
     over: &Over<'_>,
-) -> Result<Vec<Series>> {
+) -> Result<Measurement> {
     let start = Instant::now();
+    let before = load::now();
     // What every process measured, agreed; a plan that did not run there
     // (infinitely slow) did not run.
     let agreed = |w: &World, ask: &Ask| -> Result<Option<Vec<f64>>> {
@@ -171,7 +185,16 @@ pub(crate) fn measure_over(
             Ok(all.first().copied().unwrap_or(0.0) > BUDGET.as_secs_f64())
         },
     )?;
-    Ok(series)
+    // Every process's window (none where the counts cannot be read).
+    let mine = before
+        .zip(load::now())
+        .map(|(b, a)| load::Window::between(load::host(), b, a).words().to_vec())
+        .unwrap_or_else(|| vec![0; 4]);
+    let windows = load::Window::from_words(&(over.gather)(&mine)?);
+    Ok(Measurement {
+        series,
+        others: load::others(&windows),
+    })
 }
 
 /// The seconds of each of `ask.calls` calls of `ask.kind` of `ask.bytes`
