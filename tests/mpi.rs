@@ -9,8 +9,10 @@
 //! a collective, and every other must end with an error naming one of its
 //! ranks, well within the timeout (see .ci/run). `=disagree` checks that
 //! processes asking for different rank counts all get an error;
-//! `=disagree-tune` and `=disagree-given` the same of tune modes and of
-//! given tuning tables.
+//! `=disagree-tune`, `=disagree-given` and `=disagree-heal` the same of
+//! tune modes, given tuning tables and healing. `=heal` checks that a world over several
+//! processes heals as one: process 0 decides, every rank of every process
+//! runs the same plan at every call, and process 0 rewrites its cache.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -352,7 +354,7 @@ fn disagree(case: &str) -> ExitCode {
     };
     // Rank counts, tune modes, given tables: each disagreement an error on
     // every process, naming what differs, before anything is timed.
-    let cases: [(&str, WorldConfig, &[&str]); 3] = [
+    let cases: [(&str, WorldConfig, &[&str]); 4] = [
         (
             "rank counts",
             WorldConfig::new(if process == 0 { 2 } else { 1 })
@@ -372,6 +374,11 @@ fn disagree(case: &str) -> ExitCode {
             "given tables",
             base().with_tune_table(table(process)),
             &["with_tune_table"],
+        ),
+        (
+            "healing",
+            base().with_healing(process == 0),
+            &["WGPU_COLLECTIVES_HEAL=on", "WGPU_COLLECTIVES_HEAL=off"],
         ),
     ];
     // One world per job: a failed one ends MPI in the process.
@@ -428,13 +435,149 @@ fn departed_peer(c: &Communicator) -> Check {
     }
 }
 
+/// The plan each of a rank's all_reduce calls ran, as indices into
+/// `Plan::ALL` (`u32::MAX`: none recorded).
+fn plan_index(c: &Communicator) -> u32 {
+    c.flight_record().ranks[c.rank()]
+        .last()
+        .and_then(|e| e.plan)
+        .and_then(|p| wgpu_collectives::Plan::ALL.iter().position(|&q| q == p))
+        .map_or(u32::MAX, |i| i as u32)
+}
+
+/// A world over every process heals a table that predicts 1 ns for
+/// every all_reduce plan: any real call is slower than that by far, so
+/// process 0 must explore (whatever the machine's speed or load: nothing
+/// here depends on timing), every rank of every process must run the plan
+/// it directs at every call, and process 0 must keep what it learned.
+fn healing() -> ExitCode {
+    // Only process 0 reads or writes a cache: each its own folder.
+    let dir = std::env::temp_dir().join(format!("wgc-mpi-heal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = |tune| {
+        WorldConfig::new(2)
+            .with_timeout(Duration::from_secs(60))
+            .with_tune(tune)
+            .with_tune_cache(&dir)
+            .with_busy_limit(1.0)
+            .with_healing(true)
+    };
+    let result = (|| -> Result<String, String> {
+        let first = World::from_mpi(config(Tune::Measure)).map_err(|e| fail("measure", e))?;
+        let process0 = first.local_ranks().start == 0;
+        let path = first.tuning_cache().map(|p| p.to_path_buf());
+        // (MPI ends with the last world: `first` lives on.)
+        // Process 0 rewrites its cache: 1 ns for every all_reduce point.
+        let mut forged = String::new();
+        if process0 {
+            let path = path.as_ref().ok_or("process 0 cached no table")?;
+            let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+            for line in text.lines().filter(|l| *l != "second-look") {
+                let mut words = line.split_whitespace();
+                if words.next() == Some("all_reduce") {
+                    let plan = words.next().unwrap_or("?");
+                    forged += &format!("all_reduce {plan} 4096:1e-9~0.01 1048576:1e-9~0.01\n");
+                } else {
+                    forged += line;
+                    forged += "\n";
+                }
+            }
+            std::fs::write(path, &forged).map_err(|e| e.to_string())?;
+        }
+        let world = World::from_mpi(config(Tune::Cached)).map_err(|e| fail("cached", e))?;
+        if process0 && world.tuning_table() != Some(forged.as_str()) {
+            return Err(format!(
+                "the world did not read the forged table: {:?}",
+                world.tuning_table()
+            ));
+        }
+        let calls = 200;
+        let len = 16 << 10;
+        let runs = world
+            .run(|c| -> Result<Vec<u32>, String> {
+                let n = c.size() as f32;
+                let x = c
+                    .tensor(&vec![1.0f32; len])
+                    .map_err(|e| fail("tensor", e))?;
+                let mut plans = Vec::with_capacity(calls);
+                for call in 0..calls {
+                    let y = c
+                        .all_reduce(&x, ReduceOp::Sum)
+                        .and_then(|w| w.wait())
+                        .and_then(|t| t.to_vec::<f32>())
+                        .map_err(|e| fail(&format!("all_reduce #{call}"), e))?;
+                    if y.iter().any(|&v| v != n) {
+                        return Err(format!("all_reduce #{call}: not {n} everywhere"));
+                    }
+                    plans.push(plan_index(c));
+                }
+                // Every rank's plans, of every process.
+                let all = c
+                    .tensor(&plans)
+                    .and_then(|t| c.all_gather(&t))
+                    .and_then(|w| w.wait())
+                    .and_then(|t| t.to_vec::<u32>())
+                    .map_err(|e| fail("the plans", e))?;
+                for (r, theirs) in all.chunks(calls).enumerate() {
+                    if let Some(i) = (0..calls).find(|&i| theirs[i] != plans[i]) {
+                        return Err(format!(
+                            "call {i}: rank {r} ran plan #{}, rank {} plan #{}",
+                            theirs[i],
+                            c.rank(),
+                            plans[i]
+                        ));
+                    }
+                }
+                Ok(plans)
+            })
+            .map_err(|e| fail("run", e))?;
+        let mut plans = Vec::new();
+        for r in runs {
+            plans = r?;
+        }
+        let mut ran: Vec<u32> = plans.clone();
+        ran.sort_unstable();
+        ran.dedup();
+        if ran.len() < 2 {
+            return Err(format!("no plan but #{ran:?} ran: nothing was explored"));
+        }
+        if process0 {
+            let path = path.as_ref().ok_or("no cache")?;
+            let now = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+            if now == forged {
+                return Err("process 0 did not rewrite its cache with what it learned".into());
+            }
+        }
+        drop((world, first));
+        Ok(format!(
+            "plans {ran:?} ran, the same on every rank at every call"
+        ))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Ok(what) => {
+            println!("heal check passed: {what}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("heal check FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let mode = std::env::var("WGPU_COLLECTIVES_MPI_TEST").unwrap_or_default();
+    if mode == "heal" {
+        return healing();
+    }
     if let Some(case) = mode.strip_prefix("disagree") {
-        // `disagree` (rank counts), `disagree-tune`, `disagree-given`.
+        // `disagree` (rank counts), `disagree-tune`, `disagree-given`,
+        // `disagree-heal`.
         return disagree(match case {
             "-tune" => "tune",
             "-given" => "given",
+            "-heal" => "heal",
             _ => "rank",
         });
     }

@@ -273,7 +273,8 @@ impl WorldConfig {
     /// cache is rewritten (default: the `WGPU_COLLECTIVES_HEAL`
     /// environment variable, `on` or `off`, else on). A table given by
     /// [`with_tune_table`](Self::with_tune_table) never heals; nor does a
-    /// world over several processes yet, nor a group `split` makes.
+    /// group `split` makes. Over MPI, process 0 decides for every process
+    /// (whose settings must agree).
     pub fn with_healing(mut self, heal: bool) -> Self {
         self.heal = Some(heal);
         self

@@ -26,6 +26,8 @@ use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::heal::Heal;
+use crate::runtime::heal_span::Span;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
@@ -121,6 +123,7 @@ impl World {
             Plan::code(plan),
             modes.iter().position(|&m| m == mode).unwrap_or(0) as u64,
             gift,
+            u64::from(config.heals()?),
         ];
         let said = hub
             .all_gather(mine.clone(), config.timeout())
@@ -133,7 +136,7 @@ impl World {
                 .chunks(mine.len())
                 .enumerate()
                 .map(|(process, s)| match s {
-                    [l, n, a, t, p, m, g] => {
+                    [l, n, a, t, p, m, g, h] => {
                         let a = [
                             Algorithm::Auto,
                             Algorithm::Ring,
@@ -153,10 +156,11 @@ impl World {
                         } else {
                             format!("{g:016x}")
                         };
+                        let heal = if *h == 0 { "off" } else { "on" };
                         format!(
                             "process {process}: {l} ranks, world #{n}, algorithm {a}, plan {plan}, \
                              timeout {t} ms, WGPU_COLLECTIVES_TUNE={mode}, table given by \
-                             with_tune_table {table}"
+                             with_tune_table {table}, WGPU_COLLECTIVES_HEAL={heal}"
                         )
                     }
                     _ => format!("process {process}: ?"),
@@ -209,7 +213,6 @@ impl World {
             })?;
         let mut tuning = measured.clone().with_figures(&figures).unwrap_or(measured);
 
-        let group = split_id(u64::MAX, number, u32::MAX);
         let process_of: Vec<usize> = (0..total)
             .map(|r| r.checked_div(local).unwrap_or(0))
             .collect();
@@ -235,6 +238,14 @@ impl World {
                 tuning.host_fold &= t.table.host_fold;
             }
         }
+        let group = split_id(u64::MAX, number, u32::MAX);
+        if let Some(t) = tuned.as_ref().filter(|t| t.heals) {
+            // Every process decides alike whether it heals: the table, the
+            // tune mode and the healing were agreed above.
+            if config.heals()? {
+                tuning.heal = Some(heal_over(&hub, group, (process, processes), local, t));
+            }
+        }
         // A split of this process's ranks alone meets on their device
         // when they share one: its collectives run the shared device's
         // kernels (the part of a two-level schedule inside a process).
@@ -257,9 +268,10 @@ impl World {
                 what: "a rank of this process has no link".into(),
             })?;
         let config = config.with_placement(Placement::DevicePerRank);
+        let heal = tuning.heal.clone();
         let mut world = World::assemble_with(None, devices, links, &config, (base, total), tuning)?;
         world.tuned = tuned;
-        pass_failures_on(&hub, group, local, &world.health);
+        pass_failures_on(&hub, group, local, &world.health, heal);
         // A process that dies says nothing: the others notice its silence
         // within half the timeout, before their own waits run out.
         hub.watch(config.timeout().checked_div(2).unwrap_or_default());
@@ -282,7 +294,13 @@ impl World {
 /// ahead into the next run and fail there), one from a run it has left is
 /// stale. A process found silent (dead, or hung) fails every run from
 /// then on, naming its ranks.
-fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Health>) {
+fn pass_failures_on(
+    hub: &Arc<Hub>,
+    group: u64,
+    local: usize,
+    health: &Arc<Health>,
+    heal: Option<Arc<Heal>>,
+) {
     let out = hub.clone();
     health.announce_to(Box::new(move |run, origin, error| {
         let origin = u32::try_from(origin).unwrap_or(u32::MAX);
@@ -309,6 +327,11 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
                 match rx.recv_timeout(Duration::from_millis(if idle { 1000 } else { 5 })) {
                     Ok(Notice::Failed(route, text)) => later.push((route, text)),
                     Ok(Notice::Gone(route)) => departed.push(route),
+                    Ok(Notice::Heal(words)) => {
+                        if let Some(heal) = &heal {
+                            heal.receive(&words);
+                        }
+                    }
                     Ok(Notice::Silent { process, quiet }) => {
                         let first = process.saturating_mul(local);
                         let last = first.saturating_add(local.saturating_sub(1));
@@ -361,6 +384,39 @@ fn pass_failures_on(hub: &Arc<Hub>, group: u64, local: usize, health: &Arc<Healt
     }
 }
 
+/// The healing of the world `group`'s table `t` (`runtime/heal.rs`),
+/// reaching its other processes through `hub`: this is `process` of
+/// `processes`, with `local` ranks. Only process 0 rewrites the cache.
+fn heal_over(
+    hub: &Arc<Hub>,
+    group: u64,
+    (process, processes): (usize, usize),
+    local: usize,
+    t: &Tuned,
+) -> Arc<Heal> {
+    let (key, path) = (t.key.clone(), t.path.clone().filter(|_| process == 0));
+    let out = Arc::downgrade(hub);
+    let span = Span {
+        local,
+        processes,
+        decides: process == 0,
+        send: Box::new(move |run, to_all, words| {
+            if let Some(hub) = out.upgrade() {
+                hub.heal(group, run, to_all, words);
+            }
+        }),
+    };
+    Arc::new(Heal::across(
+        t.table.clone(),
+        Box::new(move |table| {
+            if let Some(path) = &path {
+                tune::cache::write(path, &table.to_text(&key), "the healed tuning table");
+            }
+        }),
+        span,
+    ))
+}
+
 /// Where a world over MPI lives: the hub, its number, which process
 /// holds each rank, and this process's (first rank, rank count).
 struct Place<'a> {
@@ -399,6 +455,8 @@ fn tuned_over(
         .then(|| tune::cache::read(config, &key))
         .flatten();
     let start = std::time::Instant::now();
+    // Where process 0's table is kept: read from, or written to.
+    let mut path = cached.as_ref().map(|t| t.2.clone());
     let text = match share_text(hub, cached.as_ref().map(|t| t.1.as_str()), limit)
         .map_err(transport)?
     {
@@ -460,12 +518,10 @@ fn tuned_over(
             );
             if process == 0 && !busy {
                 // Only process 0 keeps a cache.
-                if let Some(path) = config
+                path = config
                     .tune_cache()
                     .map(|d| d.join(tune::cache::file_name(&key)))
-                {
-                    tune::cache::write(&path, &text, "the tuning table");
-                }
+                    .filter(|p| tune::cache::write(p, &text, "the tuning table"));
             }
             text
         }
@@ -474,7 +530,7 @@ fn tuned_over(
         .map_err(|why| transport(format!("process 0's tuning table: {why}")))?;
     Ok(Tuned {
         table: Arc::new(table),
-        path: cached.map(|t| t.2),
+        path,
         key: Table::key_of(&text).unwrap_or_default().to_string(),
         // A table timed on a busy machine decides nothing: nothing to heal.
         heals: !text.starts_with(tune::REFUSED),

@@ -19,13 +19,16 @@
 //! rank 0 decides [`AHEAD`] checkpoints before it starts: a rank that
 //! reaches a checkpoint not yet decided waits for rank 0, within its
 //! deadline. The decisions ([`Healer`]) are a function of the
-//! observations alone, tested with given durations.
+//! observations alone, tested with given durations. Over MPI, process 0
+//! decides for every process: the times and the decisions travel
+//! (`heal_span.rs`).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Kind;
+use crate::runtime::heal_span::{self, Decided, Note, Seen as SeenCall, Span};
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::{Point, Table};
 
@@ -393,10 +396,13 @@ impl Healer {
 /// The decisions every rank reads, and rank 0's healer.
 struct Board {
     run: u32,
-    /// (first checkpoint, directive) at each change, oldest first.
+    /// (first checkpoint, directive) at each change, oldest first; none
+    /// in a process that has not heard from process 0 in this run.
     changes: Vec<(u64, Directive)>,
     /// The last checkpoint decided.
     upto: u64,
+    /// Process 0's decisions for runs this process has not started.
+    early: Vec<Decided>,
 }
 
 /// A world's healing: rank 0 decides, every rank reads.
@@ -408,6 +414,8 @@ pub(crate) struct Heal {
     timing: Mutex<Timing>,
     /// Keeps a changed table (the cache).
     keep: Box<dyn Fn(&Table) + Send + Sync>,
+    /// How the world's other processes are reached, over MPI.
+    span: Option<Span>,
 }
 
 impl std::fmt::Debug for Heal {
@@ -425,6 +433,25 @@ fn hold<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Heal {
     /// Healing of `table`; `keep` is given each table learned.
     pub(crate) fn new(table: Arc<Table>, keep: Box<dyn Fn(&Table) + Send + Sync>) -> Heal {
+        Heal::spanning(table, keep, None)
+    }
+
+    /// Healing of `table` in a world over several processes, reaching
+    /// the others through `span`: process 0 decides, and only it keeps.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn across(
+        table: Arc<Table>,
+        keep: Box<dyn Fn(&Table) + Send + Sync>,
+        span: Span,
+    ) -> Heal {
+        Heal::spanning(table, keep, Some(span))
+    }
+
+    fn spanning(
+        table: Arc<Table>,
+        keep: Box<dyn Fn(&Table) + Send + Sync>,
+        span: Option<Span>,
+    ) -> Heal {
         let first = Directive {
             table: table.clone(),
             explore: None,
@@ -434,33 +461,130 @@ impl Heal {
                 run: 0,
                 changes: vec![(0, first)],
                 upto: AHEAD,
+                early: Vec::new(),
             }),
             decided: Condvar::new(),
             healer: Mutex::new(Healer::new(table)),
             timing: Mutex::new(Timing::default()),
             keep,
+            span,
         }
+    }
+
+    /// Whether this process decides (it holds rank 0).
+    fn decides(&self) -> bool {
+        self.span.as_ref().is_none_or(|s| s.decides)
     }
 
     /// A new run of the world starts (every rank idle): its sequence
     /// numbers start at 0 under the table last decided.
     pub(crate) fn new_run(&self) {
+        *hold(&self.timing) = Timing::default();
+        if !self.decides() {
+            // Process 0 says what this run starts with.
+            let mut b = hold(&self.board);
+            b.run = b.run.wrapping_add(1);
+            b.changes.clear();
+            b.upto = 0;
+            let run = b.run;
+            let due: Vec<Decided> = b.early.iter().filter(|d| d.run == run).cloned().collect();
+            b.early
+                .retain(|d| d.run.wrapping_sub(run) < u32::MAX / 2 && d.run != run);
+            for d in due {
+                apply(&mut b, d);
+            }
+            drop(b);
+            self.decided.notify_all();
+            return;
+        }
         let mut h = hold(&self.healer);
         h.new_run();
         let table = h.table().clone();
         drop(h);
+        let first = Directive {
+            table,
+            explore: None,
+        };
         let mut b = hold(&self.board);
         b.run = b.run.wrapping_add(1);
-        b.changes = vec![(
-            0,
-            Directive {
-                table,
-                explore: None,
-            },
-        )];
+        b.changes = vec![(0, first.clone())];
         b.upto = AHEAD;
+        let run = b.run;
         drop(b);
-        *hold(&self.timing) = Timing::default();
+        self.tell(Decided {
+            run,
+            upto: AHEAD,
+            changes: vec![(0, first)],
+        });
+    }
+
+    /// Process 0: tells the others what it decided.
+    fn tell(&self, decided: Decided) {
+        if let Some(span) = &self.span {
+            (span.send)(decided.run, true, Note::Decided(decided).encode());
+        }
+    }
+
+    /// A note from another process (`heal_span.rs`): a process's calls
+    /// (process 0 merges them with its own), or process 0's decisions.
+    /// Words that are no note are dropped, and said so.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn receive(&self, words: &[u8]) {
+        match Note::decode(words) {
+            Some(Note::Seen(calls)) if self.decides() => {
+                for call in calls {
+                    self.merge(call);
+                }
+            }
+            Some(Note::Decided(d)) if !self.decides() => {
+                let mut b = hold(&self.board);
+                if d.run == b.run {
+                    apply(&mut b, d);
+                } else if d.run.wrapping_sub(b.run) < u32::MAX / 2 && b.early.len() < 256 {
+                    // A run process 0 started first.
+                    b.early.push(d);
+                }
+                drop(b);
+                self.decided.notify_all();
+            }
+            _ => tracing::warn!(
+                bytes = words.len(),
+                "healing: a note from another process that is none this process takes; dropped"
+            ),
+        }
+    }
+
+    /// Process 0: one process's time of a call; once every process's
+    /// is in, the call took the slowest's.
+    fn merge(&self, call: SeenCall) {
+        let processes = self.span.as_ref().map_or(1, |s| s.processes);
+        if call.at.0 != hold(&self.board).run {
+            // A run left (its late batch), or one not started here.
+            return;
+        }
+        let mut t = hold(&self.timing);
+        let i = match t.merging.iter().position(|(c, _)| c.at == call.at) {
+            Some(i) => i,
+            None => {
+                if t.merging.len() >= 64 {
+                    // A call some process never finished (a failure).
+                    t.merging.remove(0);
+                }
+                t.merging.push((call, 0));
+                t.merging.len().saturating_sub(1)
+            }
+        };
+        let Some((c, seen)) = t.merging.get_mut(i) else {
+            return;
+        };
+        c.secs = c.secs.max(call.secs);
+        *seen = seen.saturating_add(1);
+        if *seen < processes {
+            return;
+        }
+        let (c, _) = t.merging.remove(i);
+        drop(t);
+        hold(&self.healer).observe(c.kind, c.bytes, c.plan, c.at, c.secs);
     }
 
     /// The directive for collective `seq` of the current run on `rank`,
@@ -479,18 +603,22 @@ impl Heal {
             self.decide_upto(c.saturating_add(AHEAD));
         }
         let mut b = hold(&self.board);
-        while b.upto < c {
+        while b.upto < c || b.changes.is_empty() {
             failed()?;
             let now = Instant::now();
             if now >= deadline {
+                let heard = if b.changes.is_empty() {
+                    "nothing of this run yet".to_string()
+                } else {
+                    format!("up to checkpoint {}", b.upto)
+                };
                 return Err(Error::Timeout {
                     rank,
                     seq,
                     what: format!(
                         "rank 0 to decide the plans of checkpoint {c} (collectives from #{}): \
-                         it has decided up to checkpoint {}",
+                         it has decided {heard}",
                         c.saturating_mul(EVERY),
-                        b.upto
                     ),
                     after: patience,
                     flight: String::new(),
@@ -541,6 +669,7 @@ impl Heal {
             }
         }
         let mut b = hold(&self.board);
+        let mut fresh = Vec::new();
         for (c, d) in decisions {
             let same = b.changes.last().is_some_and(|(_, last)| {
                 Arc::ptr_eq(&last.table, &d.table)
@@ -551,10 +680,18 @@ impl Heal {
                     }
             });
             if !same {
+                if self.span.is_some() {
+                    fresh.push((c, d.clone()));
+                }
                 b.changes.push((c, d));
             }
             b.upto = c;
         }
+        let told = Decided {
+            run: b.run,
+            upto: b.upto,
+            changes: fresh,
+        };
         // Nobody reads a checkpoint far behind rank 0: keep the change in
         // force there and what follows.
         let old = b.upto.saturating_sub(64);
@@ -563,6 +700,7 @@ impl Heal {
         }
         drop(b);
         self.decided.notify_all();
+        self.tell(told);
         if let Some(t) = learned {
             (self.keep)(&t);
         }
@@ -588,6 +726,8 @@ impl Heal {
         start: Instant,
     ) {
         let now = Instant::now();
+        // Over MPI, this process's ranks: the others time theirs.
+        let n = self.span.as_ref().map_or(n, |s| s.local);
         let mut t = hold(&self.timing);
         let i = match t.calls.iter().position(|c| c.at == at) {
             Some(i) => i,
@@ -620,7 +760,36 @@ impl Heal {
         t.done = Some(t.done.map_or(c.last, |d| d.max(c.last)));
         drop(t);
         let secs = c.last.saturating_duration_since(began).as_secs_f64();
-        hold(&self.healer).observe(kind, bytes, plan, at, secs);
+        self.seen(SeenCall {
+            at,
+            kind,
+            bytes,
+            plan,
+            secs,
+        });
+    }
+
+    /// This process's ranks took `seen.secs` over a call: the healer's
+    /// observation in one process; over MPI, process 0's part of one, or
+    /// another process's, sent to process 0 a batch at a time.
+    fn seen(&self, seen: SeenCall) {
+        match &self.span {
+            None => {
+                hold(&self.healer).observe(seen.kind, seen.bytes, seen.plan, seen.at, seen.secs)
+            }
+            Some(span) if span.decides => self.merge(seen),
+            Some(span) => {
+                // To process 0, a batch at a time.
+                let mut t = hold(&self.timing);
+                t.outbox.push(seen);
+                if t.outbox.len() >= heal_span::BATCH {
+                    let batch =
+                        std::mem::replace(&mut t.outbox, Vec::with_capacity(heal_span::BATCH));
+                    drop(t);
+                    (span.send)(seen.at.0, false, Note::Seen(batch).encode());
+                }
+            }
+        }
     }
 }
 
@@ -637,11 +806,30 @@ struct Call {
     seen: usize,
 }
 
-/// The group's calls in flight, and when its last observed call ended.
+/// The group's calls in flight, and when its last observed call ended;
+/// over MPI, process 0's calls waiting for the other processes' times
+/// (with how many are in), or another process's times not yet sent.
 #[derive(Default)]
 struct Timing {
     calls: Vec<Call>,
     done: Option<Instant>,
+    merging: Vec<(SeenCall, usize)>,
+    outbox: Vec<SeenCall>,
+}
+
+/// Process 0's decisions `d`, in the board of the run they are for.
+fn apply(b: &mut Board, d: Decided) {
+    for (from, directive) in d.changes {
+        // Changes come in order; one heard twice is not taken twice.
+        if b.changes.last().is_none_or(|(last, _)| *last < from) {
+            b.changes.push((from, directive));
+        }
+    }
+    b.upto = b.upto.max(d.upto);
+    let old = b.upto.saturating_sub(64);
+    while b.changes.get(1).is_some_and(|(from, _)| *from <= old) {
+        b.changes.remove(0);
+    }
 }
 
 #[cfg(test)]
@@ -825,6 +1013,166 @@ mod tests {
                 mine.iter().all(|&p| p == Plan::Direct),
                 "rank {r} ran another plan: {mine:?}"
             );
+        }
+    }
+
+    /// Two processes of two ranks each: process 0 decides, the other
+    /// follows what it is told; each times its own ranks' part of a call
+    /// (the other process's 10% slower), and its notes reach the other
+    /// at once.
+    #[test]
+    fn across_processes_every_rank_switches_at_the_same_call_and_only_process_0_keeps() {
+        let backwards = table(|p| match p {
+            Plan::Direct => Plan::OneShot,
+            Plan::OneShot => Plan::Direct,
+            Plan::HostRing => Plan::DeviceRing,
+            _ => Plan::HostRing,
+        });
+        let to_1: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
+        let to_0: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
+        let sent = Arc::new(Mutex::new((0usize, 0usize)));
+        let span = |decides: bool, to: Arc<std::sync::OnceLock<Arc<Heal>>>| {
+            let sent = sent.clone();
+            Span {
+                local: 2,
+                processes: 2,
+                decides,
+                send: Box::new(move |_run, to_all, words| {
+                    assert_eq!(to_all, decides, "a note sent the wrong way");
+                    let mut s = sent.lock().unwrap();
+                    if decides {
+                        s.0 += 1
+                    } else {
+                        s.1 += 1
+                    }
+                    drop(s);
+                    to.get().unwrap().receive(&words);
+                }),
+            }
+        };
+        let kept = Arc::new(Mutex::new((0usize, 0usize)));
+        let (k0, k1) = (kept.clone(), kept.clone());
+        let p0 = Arc::new(Heal::across(
+            backwards.clone(),
+            Box::new(move |_: &Table| k0.lock().unwrap().0 += 1),
+            span(true, to_1.clone()),
+        ));
+        let p1 = Arc::new(Heal::across(
+            backwards,
+            Box::new(move |_: &Table| k1.lock().unwrap().1 += 1),
+            span(false, to_0.clone()),
+        ));
+        to_1.set(p1.clone()).unwrap();
+        to_0.set(p0.clone()).unwrap();
+        // Process 0 starts the run first: its first note waits for it.
+        p0.new_run();
+        p1.new_run();
+
+        let what: Collective = AllReduce {
+            dtype: DType::F32,
+            len: MIB / 4,
+            op: ReduceOp::Sum,
+        }
+        .into();
+        let tuning = |d: &Directive, seq: u64| Tuning {
+            algorithm: Algorithm::Auto,
+            plan: None,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table: Some(d.table.clone()),
+            heal: None,
+            prefer: d.prefer(Kind::AllReduce, Some(MIB), seq),
+        };
+        let mut plans = vec![Vec::new(); 4];
+        let prev = std::cell::Cell::new(None);
+        for seq in 0..300u64 {
+            for (r, mine) in plans.iter_mut().enumerate() {
+                let heal = if r < 2 { &p0 } else { &p1 };
+                let (d, run) = heal.at(r, seq, Duration::from_secs(1), || Ok(())).unwrap();
+                let plan = planner::choose(&tuning(&d, seq), &what, 4, &Some(Ok(()))).unwrap();
+                mine.push(plan);
+                if r == 0 || r == 2 {
+                    let tail = prev
+                        .replace(Some(plan))
+                        .filter(|&q| q != plan)
+                        .map_or(0.0, |q| truth(q, MIB));
+                    let slower = if r == 2 { 1.1 } else { 1.0 };
+                    heal.seen(SeenCall {
+                        at: (run, seq),
+                        kind: Kind::AllReduce,
+                        bytes: MIB,
+                        plan,
+                        secs: (truth(plan, MIB) + tail) * slower,
+                    });
+                }
+            }
+        }
+        for r in 1..4 {
+            assert_eq!(plans[r], plans[0], "rank {r} chose otherwise than rank 0");
+        }
+        let p = &plans[0];
+        assert_eq!(p[0], Plan::OneShot, "the table's choice first");
+        let settled = (0..p.len())
+            .rev()
+            .find(|&i| p[i] != Plan::Direct)
+            .map_or(0, |i| i + 1);
+        assert!(
+            settled <= 100,
+            "settled on the direct kernel at call {settled}: {p:?}"
+        );
+        assert!(
+            settled % EVERY as usize == 0,
+            "a switch between checkpoints: {settled}"
+        );
+        let (k0, k1) = *kept.lock().unwrap();
+        assert!(
+            k0 > 0 && k1 == 0,
+            "kept by process 0 {k0} times, by the other {k1}"
+        );
+        let (s0, s1) = *sent.lock().unwrap();
+        // Process 0 tells each checkpoint; the other sends a batch of 8.
+        assert!(
+            s0 >= 300 / EVERY as usize && s1 == 300 / heal_span::BATCH,
+            "{s0} {s1}"
+        );
+        // Junk from the wire is dropped, and nothing moves.
+        p1.receive(&[2, 0, 0]);
+        p0.receive(&[]);
+        let (d, _) = p1.at(2, 299, Duration::from_secs(1), || Ok(())).unwrap();
+        let plan = planner::choose(&tuning(&d, 299), &what, 4, &Some(Ok(()))).unwrap();
+        assert_eq!(plan, Plan::Direct);
+    }
+
+    #[test]
+    fn a_process_that_has_heard_nothing_of_the_run_waits_for_process_0() {
+        let t = table(|p| p);
+        let p1 = Heal::across(
+            t,
+            Box::new(|_: &Table| {}),
+            Span {
+                local: 1,
+                processes: 2,
+                decides: false,
+                send: Box::new(|_, _, _| {}),
+            },
+        );
+        p1.new_run();
+        // Checkpoint 0 is decided in one process from the start; here,
+        // only when process 0 says so.
+        match p1.at(1, 0, Duration::from_millis(30), || Ok(())) {
+            Err(Error::Timeout { what, .. }) => {
+                assert!(what.contains("nothing of this run"), "{what}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 

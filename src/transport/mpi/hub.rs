@@ -87,6 +87,11 @@ pub(crate) enum Arrived {
 
 /// The lane of a notice that says a rank returned from its closure.
 const DEPARTED: u8 = 1;
+/// The lane of healing's notes (`runtime/heal_span.rs`).
+const HEALING: u8 = 2;
+/// Notices kept for groups that no one listens for yet (a process ahead
+/// of this one into a new world), at most.
+const EARLY_NOTICES: usize = 1024;
 
 /// What the hub tells a group rather than one rank.
 pub(crate) enum Notice {
@@ -99,6 +104,8 @@ pub(crate) enum Notice {
     /// A process has sent nothing, not even its heartbeat, for `quiet`
     /// (more than the liveness window): it died, or hangs.
     Silent { process: usize, quiet: Duration },
+    /// A note of the group's healing, from another process.
+    Heal(Vec<u8>),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -173,6 +180,8 @@ struct Routes {
     early: HashMap<Route, VecDeque<Frame>>,
     /// Where each group's notices go.
     notices: HashMap<u64, Sender<Notice>>,
+    /// Notices for groups no one listens for yet, oldest first.
+    unheard: VecDeque<(u64, Notice)>,
     /// Where device steps' bytes for each (group, rank) land.
     landings: HashMap<(u64, u32), Arc<Landing>>,
 }
@@ -330,6 +339,34 @@ impl Hub {
         }
     }
 
+    /// Healing's `words` for group `group`'s run `epoch`: to process 0,
+    /// or to every other process when `to_all` (a notice on lane 2).
+    pub(crate) fn heal(&self, group: u64, epoch: u32, to_all: bool, words: Vec<u8>) {
+        let route = Route {
+            group,
+            epoch,
+            to: 0,
+            from: u32::try_from(self.process).unwrap_or(u32::MAX),
+            lane: HEALING,
+        };
+        let head = encode_head(Kind::Notice, route, &[], words.len());
+        if !to_all {
+            let _ = self.commands.send(Command::Send {
+                process: 0,
+                head,
+                body: Outgoing::Bytes(words),
+            });
+            return;
+        }
+        for process in (0..self.processes).filter(|&p| p != self.process) {
+            let _ = self.commands.send(Command::Send {
+                process,
+                head,
+                body: Outgoing::Bytes(words.clone()),
+            });
+        }
+    }
+
     /// Device steps' bytes for rank `to` of `group` land in `landing` from
     /// now on (`None`: in host memory).
     pub(crate) fn land(&self, group: u64, to: u32, landing: Option<Arc<Landing>>) {
@@ -340,9 +377,18 @@ impl Hub {
         };
     }
 
-    /// Where notices from other processes to `group` go from now on.
+    /// Where notices from other processes to `group` go from now on
+    /// (those that came before first).
     pub(crate) fn on_notice(&self, group: u64, to: Sender<Notice>) {
-        lock(&self.routes).notices.insert(group, to);
+        let mut r = lock(&self.routes);
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut r.unheard)
+            .into_iter()
+            .partition(|(g, _)| *g == group);
+        r.unheard = rest;
+        for (_, notice) in mine {
+            let _ = to.send(notice);
+        }
+        r.notices.insert(group, to);
     }
 
     /// Opens `route`: frames for it go to the returned channel (those that
@@ -777,13 +823,25 @@ impl Pump<'_> {
 fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
     let mut r = lock(routes);
     if kind == Kind::Notice {
-        if let (Some(n), Arrived::Bytes(body)) = (r.notices.get(&route.group), &frame.body) {
-            let _ = if route.lane == DEPARTED {
-                n.send(Notice::Gone(route))
-            } else {
-                let text = String::from_utf8_lossy(body).into_owned();
-                n.send(Notice::Failed(route, text))
-            };
+        let Arrived::Bytes(body) = frame.body else {
+            return;
+        };
+        let notice = match route.lane {
+            DEPARTED => Notice::Gone(route),
+            HEALING => Notice::Heal(body),
+            _ => Notice::Failed(route, String::from_utf8_lossy(&body).into_owned()),
+        };
+        match r.notices.get(&route.group) {
+            Some(n) => {
+                let _ = n.send(notice);
+            }
+            None => {
+                // A process ahead of this one: its world here is not made yet.
+                if r.unheard.len() >= EARLY_NOTICES {
+                    r.unheard.pop_front();
+                }
+                r.unheard.push_back((route.group, notice));
+            }
         }
         return;
     }
