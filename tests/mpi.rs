@@ -435,6 +435,55 @@ fn departed_peer(c: &Communicator) -> Check {
     }
 }
 
+/// Rank 1 sends to the last rank (another process's), which returns
+/// without receiving: the send fails naming it, long before the timeout,
+/// rather than completing once MPI had its bytes. Then rank 1 sends to
+/// rank 2 (another process's too, with 2 or more), which receives: that
+/// send completes only once it was matched, and the bytes arrive.
+fn departed_receiver(c: &Communicator) -> Check {
+    let (n, r) = (c.size(), c.rank());
+    let last = n - 1;
+    let x = c.tensor(&[1.0f32; 16]).map_err(|e| fail("a tensor", e))?;
+    if r == 2 && last != 2 {
+        let y = c
+            .zeros(wgpu_collectives::DType::F32, 16)
+            .map_err(|e| fail("zeros", e))?;
+        let _ = c
+            .recv(&y, 1)
+            .and_then(|w| w.wait())
+            .map_err(|e| fail("rank 2's receive", e))?;
+        let got = y.to_vec::<f32>().map_err(|e| fail("read back", e))?;
+        return (got == [1.0f32; 16])
+            .then_some(())
+            .ok_or(format!("rank 2 received {got:?}"));
+    }
+    if r != 1 {
+        return Ok(());
+    }
+    if last != 2 {
+        let _ = c
+            .send(&x, 2)
+            .and_then(|w| w.wait())
+            .map_err(|e| fail("rank 1's send to rank 2", e))?;
+    }
+    let start = Instant::now();
+    match c.send(&x, last).and_then(|w| w.wait()).map(drop) {
+        Err(Error::PeerFailed { peer, reason, .. })
+            if peer == last && reason.contains(&format!("rank {last} returned")) =>
+        {
+            if start.elapsed() < Duration::from_secs(5) {
+                Ok(())
+            } else {
+                Err(format!("rank {r}: told after {:?}", start.elapsed()))
+            }
+        }
+        Err(e) => Err(format!(
+            "rank {r}: expected PeerFailed naming rank {last}, got {e}"
+        )),
+        Ok(()) => Err(format!("rank {r}: a send to a departed rank succeeded")),
+    }
+}
+
 /// The plan each of a rank's all_reduce calls ran, as indices into
 /// `Plan::ALL` (`u32::MAX`: none recorded).
 fn plan_index(c: &Communicator) -> u32 {
@@ -598,7 +647,7 @@ fn main() -> ExitCode {
     }
     // The mismatch goes last: a failed run's late messages could reach a
     // later run (a world that failed is made anew, as in NCCL).
-    let checks: [Named; 10] = [
+    let checks: [Named; 11] = [
         ("all_reduce f32", |c| all_reduce::<f32>(c, &[1, 7, 300_001])),
         ("all_reduce f16", |c| all_reduce::<f16>(c, &[7, 4099])),
         ("all_reduce bf16", |c| all_reduce::<bf16>(c, &[7, 4099])),
@@ -611,6 +660,7 @@ fn main() -> ExitCode {
             split_by_process,
         ),
         ("a receive whose peer returned", departed_peer),
+        ("a send whose receiver returned", departed_receiver),
         ("one rank issues another length", mismatch),
     ];
     let mut failed = false;

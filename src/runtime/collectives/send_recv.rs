@@ -16,7 +16,6 @@ use crate::runtime::collectives::{
 };
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::health::Health;
-use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
 use crate::runtime::work_state::WorkState;
@@ -97,7 +96,7 @@ impl Unit for Send {
         };
         // The first packet carries the receipt; one still here after a
         // failed send was never sent, and the send's own error says why.
-        p.receipt = receipt(at.health, at.state, r, p.w.fp, self.peer, p.link);
+        p.receipt = Some(receipt(at.health, at.state, r, p.w.fp, self.peer));
         let sent = match copy {
             Some(copy) => {
                 let buffer = copy.buffer().clone();
@@ -169,24 +168,22 @@ impl Unit for Recv {
     }
 }
 
-/// The receipt a send to `peer` carries, where the receiver can tell it
-/// back (a rank of this process): the send's work completes once the
-/// receiver has matched it, and fails when it refuses, so a mismatch fails
-/// both sides. Sends to other processes complete once posted.
+/// The receipt a send to `peer` carries, where the receiver tells it
+/// back (in this process, or in another as a frame back): the send's work
+/// completes once the receiver has matched it, and fails when it refuses,
+/// so a mismatch fails both sides, and a send to a rank that returned
+/// without receiving fails at once (its departure is known) rather than
+/// completing once the bytes were posted.
 fn receipt(
     health: &Arc<Health>,
     state: &Arc<WorkState>,
     rank: usize,
     fp: Fingerprint,
     peer: usize,
-    link: &Link,
-) -> Option<Receipt> {
-    if !link.carries_loans(peer) {
-        return None;
-    }
+) -> Receipt {
     state.expect_receipt();
     let (state, health) = (state.clone(), health.clone());
-    Some(Receipt::new(move |verdict| {
+    Receipt::new(move |verdict| {
         state.receipt(match verdict {
             Verdict::Taken => Ok(()),
             Verdict::Refused(theirs) => Err(Error::Mismatch {
@@ -211,7 +208,7 @@ fn receipt(
                     }))
             }
         })
-    }))
+    })
 }
 
 /// `Ok` when `peer` is another rank of the group, else why not.

@@ -11,7 +11,8 @@
 //! group) waits in the hub until the route opens.
 //!
 //! A frame is two MPI messages to the same process: a fixed-size head
-//! (route, header, body length) on tag `HEAD`, then the body on tag
+//! (route, body length, receipt token, header) on tag `HEAD`, then the
+//! body on tag
 //! `BODY`. MPI keeps messages of one (source, tag) in order, so the k-th
 //! body from a process belongs to its k-th head, and bodies land straight
 //! in pooled buffers without a copy.
@@ -32,14 +33,14 @@ use mpi::traits::CommunicatorCollectives;
 
 use super::raw::{self, Sending};
 use crate::device::lock;
-use crate::transport::Mapped;
 use crate::transport::pool::Pool;
 use crate::transport::staging::{Landed, Landing};
+use crate::transport::{Mapped, Receipt, Verdict};
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
-/// epoch 4), body length 8, and the packet header the runtime gives (up
-/// to `HEADER`).
-pub(crate) const HEAD: usize = 30 + HEADER;
+/// epoch 4), body length 8, receipt token 8 (0: none), and the packet
+/// header the runtime gives (up to `HEADER`).
+pub(crate) const HEAD: usize = 38 + HEADER;
 /// Most bytes of a packet header on the wire.
 pub(crate) const HEADER: usize = 64;
 
@@ -75,6 +76,9 @@ pub(crate) struct Route {
 pub(crate) struct Frame {
     pub header: [u8; HEADER],
     pub body: Arrived,
+    /// Where the sender waits to hear that its message was taken: its
+    /// process and the token it gave.
+    pub reply: Option<(usize, u64)>,
 }
 
 /// Where a frame's body landed: in host memory from the pool, or in a
@@ -119,6 +123,9 @@ enum Kind {
     /// Data that a device step reads: it lands where that rank's kernels
     /// read it, when a landing buffer is free.
     Device = 4,
+    /// A receiver's word on a message whose sender asked for it (the
+    /// head's token): taken, refused (the body says its call), dropped.
+    Receipt = 5,
 }
 
 impl Kind {
@@ -128,6 +135,7 @@ impl Kind {
             2 => Kind::Beat,
             3 => Kind::Bye,
             4 => Kind::Device,
+            5 => Kind::Receipt,
             _ => Kind::Data,
         }
     }
@@ -184,6 +192,11 @@ struct Routes {
     unheard: VecDeque<(u64, Notice)>,
     /// Where device steps' bytes for each (group, rank) land.
     landings: HashMap<(u64, u32), Arc<Landing>>,
+    /// Sends waiting for their receiver's word, by token, with the route
+    /// they went on.
+    receipts: HashMap<u64, (Route, Receipt)>,
+    /// The last token given.
+    token: u64,
 }
 
 /// This process's end of MPI.
@@ -280,13 +293,29 @@ impl Hub {
         Waiting(&self.waiting)
     }
 
-    /// Sends a frame to `process`.
-    pub(crate) fn send(&self, process: usize, route: Route, header: &[u8], body: Outgoing) -> bool {
+    /// Sends a frame to `process`; `receipt`, when given, is told what
+    /// the receiver says of it (or dropped, untold, when its route's run
+    /// ends first: see `forget`).
+    pub(crate) fn send(
+        &self,
+        process: usize,
+        route: Route,
+        header: &[u8],
+        body: Outgoing,
+        receipt: Option<Receipt>,
+    ) -> bool {
         let kind = match body {
             Outgoing::Mapped(_) => Kind::Device,
             Outgoing::Bytes(_) => Kind::Data,
         };
-        let head = encode_head(kind, route, header, body.as_ref().len());
+        let token = receipt.map_or(0, |r| {
+            let mut routes = lock(&self.routes);
+            routes.token = routes.token.wrapping_add(1).max(1);
+            let token = routes.token;
+            routes.receipts.insert(token, (route, r));
+            token
+        });
+        let head = encode_head(kind, route, header, body.as_ref().len(), token);
         self.commands
             .send(Command::Send {
                 process,
@@ -294,6 +323,44 @@ impl Hub {
                 body,
             })
             .is_ok()
+    }
+
+    /// Tells the sender in `process` of the message that came on `route`
+    /// with `token` what its receiver said of it.
+    pub(crate) fn answer(&self, process: usize, route: Route, token: u64, verdict: Verdict) {
+        let body = match verdict {
+            Verdict::Taken => vec![TAKEN],
+            Verdict::Refused(theirs) => {
+                let mut b = vec![REFUSED];
+                b.extend_from_slice(theirs.as_bytes());
+                b
+            }
+            Verdict::Dropped => vec![DROPPED],
+        };
+        let head = encode_head(Kind::Receipt, route, &[], body.len(), token);
+        let _ = self.commands.send(Command::Send {
+            process,
+            head,
+            body: Outgoing::Bytes(body),
+        });
+    }
+
+    /// Drops the receipts of `from`'s sends in `group` in runs before
+    /// `epoch` (their runs are over: their works have ended).
+    pub(crate) fn forget(&self, group: u64, from: u32, epoch: u32) {
+        let mut routes = lock(&self.routes);
+        let old: Vec<u64> = routes
+            .receipts
+            .iter()
+            .filter(|(_, (r, _))| r.group == group && r.from == from && r.epoch != epoch)
+            .map(|(&t, _)| t)
+            .collect();
+        let gone: Vec<(Route, Receipt)> = old
+            .iter()
+            .filter_map(|t| routes.receipts.remove(t))
+            .collect();
+        drop(routes);
+        drop(gone);
     }
 
     /// Tells every other process's group `group` that `from` failed in
@@ -309,7 +376,7 @@ impl Hub {
             lane: 0,
         };
         for process in (0..self.processes).filter(|&p| p != self.process) {
-            let head = encode_head(Kind::Notice, route, &[], body.len());
+            let head = encode_head(Kind::Notice, route, &[], body.len(), 0);
             let _ = self.commands.send(Command::Send {
                 process,
                 head,
@@ -330,7 +397,7 @@ impl Hub {
             lane: DEPARTED,
         };
         for process in (0..self.processes).filter(|&p| p != self.process) {
-            let head = encode_head(Kind::Notice, route, &[], 0);
+            let head = encode_head(Kind::Notice, route, &[], 0, 0);
             let _ = self.commands.send(Command::Send {
                 process,
                 head,
@@ -349,7 +416,7 @@ impl Hub {
             from: u32::try_from(self.process).unwrap_or(u32::MAX),
             lane: HEALING,
         };
-        let head = encode_head(Kind::Notice, route, &[], words.len());
+        let head = encode_head(Kind::Notice, route, &[], words.len(), 0);
         if !to_all {
             let _ = self.commands.send(Command::Send {
                 process: 0,
@@ -468,7 +535,7 @@ impl Hub {
     }
 }
 
-fn encode_head(kind: Kind, route: Route, header: &[u8], body: usize) -> [u8; HEAD] {
+fn encode_head(kind: Kind, route: Route, header: &[u8], body: usize, token: u64) -> [u8; HEAD] {
     let mut h = [0u8; HEAD];
     let mut at: usize = 0;
     let mut put = |b: &[u8]| {
@@ -483,11 +550,21 @@ fn encode_head(kind: Kind, route: Route, header: &[u8], body: usize) -> [u8; HEA
     put(&[route.lane, kind as u8]);
     put(&route.epoch.to_le_bytes());
     put(&(body as u64).to_le_bytes());
+    put(&token.to_le_bytes());
     put(header.get(..HEADER.min(header.len())).unwrap_or(&[]));
     h
 }
 
-fn decode_head(h: &[u8; HEAD]) -> (Route, Kind, usize, [u8; HEADER]) {
+/// A frame's head, as `encode_head` wrote it.
+struct Head {
+    route: Route,
+    kind: Kind,
+    len: usize,
+    token: u64,
+    header: [u8; HEADER],
+}
+
+fn decode_head(h: &[u8; HEAD]) -> Head {
     let u64_at = |i: usize| {
         let mut b = [0u8; 8];
         if let Some(s) = h.get(i..i.saturating_add(8)) {
@@ -510,13 +587,25 @@ fn decode_head(h: &[u8; HEAD]) -> (Route, Kind, usize, [u8; HEADER]) {
         epoch: u32_at(18),
     };
     let kind = Kind::of(h.get(17).copied().unwrap_or(0));
-    let body = usize::try_from(u64_at(22)).unwrap_or(usize::MAX);
+    let len = usize::try_from(u64_at(22)).unwrap_or(usize::MAX);
+    let token = u64_at(30);
     let mut header = [0u8; HEADER];
-    if let Some(s) = h.get(30..) {
+    if let Some(s) = h.get(38..) {
         header.copy_from_slice(s);
     }
-    (route, kind, body, header)
+    Head {
+        route,
+        kind,
+        len,
+        token,
+        header,
+    }
 }
+
+/// A receipt's verdicts on the wire (its body's first byte).
+const TAKEN: u8 = 0;
+const REFUSED: u8 = 1;
+const DROPPED: u8 = 2;
 
 /// The MPI thread: initialises MPI, says so through `ready`, then serves.
 fn serve(
@@ -677,7 +766,7 @@ impl Pump<'_> {
 
     /// Sends `kind` (no route, no body) to every process not gone.
     fn tell_all(&mut self, kind: Kind) {
-        let head = encode_head(kind, Route::default(), &[], 0);
+        let head = encode_head(kind, Route::default(), &[], 0, 0);
         for q in 0..self.gone.len() {
             if !self.gone.get(q).copied().unwrap_or(true) {
                 self.handle(Command::Send {
@@ -724,7 +813,13 @@ impl Pump<'_> {
         {
             any = true;
             let status = msg.matched_receive_into(&mut self.head[..]);
-            let (route, kind, len, header) = decode_head(&self.head);
+            let Head {
+                route,
+                kind,
+                len,
+                token,
+                header,
+            } = decode_head(&self.head);
             // The body follows its head from the same process.
             let source = status.source_rank();
             let body = self.receive_body(source, route, kind, len);
@@ -743,12 +838,54 @@ impl Pump<'_> {
                         *g = true;
                     }
                 }
+                Kind::Receipt => {
+                    if let Arrived::Bytes(b) = body {
+                        self.resolve(from, route, token, &b);
+                        self.pool.give(b);
+                    }
+                }
                 Kind::Notice | Kind::Data | Kind::Device => {
-                    deliver(self.routes, route, kind, Frame { header, body });
+                    let reply = (token != 0).then_some((from, token));
+                    deliver(
+                        self.routes,
+                        route,
+                        kind,
+                        Frame {
+                            header,
+                            body,
+                            reply,
+                        },
+                    );
                 }
             }
         }
         any
+    }
+
+    /// A receipt from process `from` for the send with `token`, which went
+    /// to the rank that `route` (back) comes from: the send's receipt is
+    /// told. One that names no send of ours, or not that one's receiver,
+    /// is dropped.
+    fn resolve(&self, from: usize, route: Route, token: u64, body: &[u8]) {
+        let mut routes = lock(self.routes);
+        let ours = routes.receipts.get(&token).is_some_and(|(sent, _)| {
+            sent.group == route.group && sent.to == route.from && sent.from == route.to
+        });
+        let Some((_, receipt)) = ours.then(|| routes.receipts.remove(&token)).flatten() else {
+            drop(routes);
+            tracing::warn!(
+                process = from,
+                token,
+                "MPI: a receipt for no send of ours; dropped"
+            );
+            return;
+        };
+        drop(routes);
+        receipt.tell(match body.split_first() {
+            Some((&TAKEN, _)) => Verdict::Taken,
+            Some((&REFUSED, theirs)) => Verdict::Refused(String::from_utf8_lossy(theirs).into()),
+            _ => Verdict::Dropped,
+        });
     }
 
     /// Receives the `len` bytes of a frame's body from `source`: a device
@@ -877,13 +1014,15 @@ mod tests {
             Kind::Beat,
             Kind::Bye,
             Kind::Device,
+            Kind::Receipt,
         ] {
-            let head = encode_head(kind, route, &header, 1 << 20);
-            let (r, k, len, h) = decode_head(&head);
-            assert_eq!(r, route);
-            assert!(k == kind);
-            assert_eq!(len, 1 << 20);
-            assert_eq!(h.as_slice(), header.as_slice());
+            let head = encode_head(kind, route, &header, 1 << 20, 0xfeed);
+            let h = decode_head(&head);
+            assert_eq!(h.route, route);
+            assert!(h.kind == kind);
+            assert_eq!(h.len, 1 << 20);
+            assert_eq!(h.token, 0xfeed);
+            assert_eq!(h.header.as_slice(), header.as_slice());
         }
     }
 }

@@ -23,7 +23,7 @@ use crossbeam::channel::Receiver;
 
 use self::hub::{Arrived, Frame, HEADER, Hub, Outgoing, Route};
 use super::staging::Landing;
-use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
+use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Receipt, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
 pub(crate) trait Header: Sized {
@@ -183,8 +183,10 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             self.me,
             lane,
         );
+        // A send's receipt waits here for the receiver's word (a frame
+        // back), or is dropped when the run ends.
         self.hub
-            .send(process, r, &header, body)
+            .send(process, r, &header, body, packet.receipt)
             .then_some(())
             .ok_or(Closed)
     }
@@ -210,11 +212,23 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
             Arrived::Bytes(b) => Body::Bytes(b),
             Arrived::Landed(l) => Body::Landed(l),
         };
+        // The sender waits for word of this one: the receipt goes back.
+        let receipt = frame.reply.map(|(process, token)| {
+            let hub = self.hub.clone();
+            let back = route(
+                &self.layout,
+                self.epoch.load(Ordering::Acquire),
+                peer,
+                self.me,
+                lane,
+            );
+            Receipt::new(move |verdict| hub.answer(process, back, token, verdict))
+        });
         Ok(Some(Packet {
             fp,
             from: peer,
             body,
-            receipt: None,
+            receipt,
         }))
     }
 
@@ -274,6 +288,9 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         self.local.drain();
         self.close();
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        // The last run's sends are over, whatever their receivers said.
+        let me = u32::try_from(self.me).unwrap_or(u32::MAX);
+        self.hub.forget(self.layout.group, me, epoch);
         let fresh = open_routes(&self.hub, &self.layout, self.me, epoch);
         let old = std::mem::replace(
             &mut *self.from.write().unwrap_or_else(|p| p.into_inner()),
