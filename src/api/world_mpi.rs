@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::heal::Heal;
-use crate::runtime::heal_span::Span;
+use crate::runtime::heal::span::Span;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;

@@ -10,7 +10,6 @@ pub(crate) mod estimate;
 pub(crate) mod fingerprint;
 pub(crate) mod flight;
 pub(crate) mod heal;
-pub(crate) mod heal_span;
 pub(crate) mod health;
 pub(crate) mod hop;
 pub(crate) mod host_ring;

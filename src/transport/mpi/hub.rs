@@ -91,7 +91,7 @@ pub(crate) enum Arrived {
 
 /// The lane of a notice that says a rank returned from its closure.
 const DEPARTED: u8 = 1;
-/// The lane of healing's notes (`runtime/heal_span.rs`).
+/// The lane of healing's notes (`runtime/heal/span.rs`).
 const HEALING: u8 = 2;
 /// Notices kept for groups that no one listens for yet (a process ahead
 /// of this one into a new world), at most.

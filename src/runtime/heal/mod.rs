@@ -21,14 +21,16 @@
 //! deadline. The decisions ([`Healer`]) are a function of the
 //! observations alone, tested with given durations. Over MPI, process 0
 //! decides for every process: the times and the decisions travel
-//! (`heal_span.rs`).
+//! (`heal/span.rs`).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Kind;
-use crate::runtime::heal_span::{self, Decided, Note, Seen as SeenCall, Span};
+pub(crate) mod span;
+
+use self::span::{self as heal_span, Decided, Note, Seen as SeenCall, Span};
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::{Point, Table};
 
@@ -525,7 +527,7 @@ impl Heal {
         }
     }
 
-    /// A note from another process (`heal_span.rs`): a process's calls
+    /// A note from another process (`heal/span.rs`): a process's calls
     /// (process 0 merges them with its own), or process 0's decisions.
     /// Words that are no note are dropped, and said so.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
