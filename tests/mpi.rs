@@ -407,16 +407,16 @@ fn disagree(case: &str) -> ExitCode {
 /// The last rank (in the last process) returns at once: rank 1's receive
 /// from it fails within seconds naming it, not at the timeout (20 s),
 /// though it lives in another process. (A send to it completes once MPI
-/// has its bytes, as `MPI_Send` of a small message does.)
-fn departed_peer(c: &Communicator) -> Check {
-    let (n, r) = (c.size(), c.rank());
-    let last = n - 1;
-    if r != 1 {
-        return Ok(());
-    }
+/// Rank `r`'s `call` with rank `last`, which returned from its closure:
+/// it must fail with `PeerFailed` naming `last`, well within the timeout.
+fn told_at_once(
+    r: usize,
+    last: usize,
+    what: &str,
+    call: impl FnOnce() -> Result<wgpu_collectives::Tensor, Error>,
+) -> Check {
     let start = Instant::now();
-    let x = c.tensor(&[1.0f32; 16]).map_err(|e| fail("a tensor", e))?;
-    match c.recv(&x, last).and_then(|w| w.wait()).map(drop) {
+    match call().map(drop) {
         Err(Error::PeerFailed { peer, reason, .. })
             if peer == last && reason.contains(&format!("rank {last} returned")) =>
         {
@@ -429,10 +429,21 @@ fn departed_peer(c: &Communicator) -> Check {
         Err(e) => Err(format!(
             "rank {r}: expected PeerFailed naming rank {last}, got {e}"
         )),
-        Ok(()) => Err(format!(
-            "rank {r}: a receive from a departed rank succeeded"
-        )),
+        Ok(()) => Err(format!("rank {r}: a {what} a departed rank succeeded")),
     }
+}
+
+/// has its bytes, as `MPI_Send` of a small message does.)
+fn departed_peer(c: &Communicator) -> Check {
+    let (n, r) = (c.size(), c.rank());
+    let last = n - 1;
+    if r != 1 {
+        return Ok(());
+    }
+    let x = c.tensor(&[1.0f32; 16]).map_err(|e| fail("a tensor", e))?;
+    told_at_once(r, last, "receive from", || {
+        c.recv(&x, last).and_then(|w| w.wait())
+    })
 }
 
 /// Rank 1 sends to the last rank (another process's), which returns
@@ -466,22 +477,9 @@ fn departed_receiver(c: &Communicator) -> Check {
             .and_then(|w| w.wait())
             .map_err(|e| fail("rank 1's send to rank 2", e))?;
     }
-    let start = Instant::now();
-    match c.send(&x, last).and_then(|w| w.wait()).map(drop) {
-        Err(Error::PeerFailed { peer, reason, .. })
-            if peer == last && reason.contains(&format!("rank {last} returned")) =>
-        {
-            if start.elapsed() < Duration::from_secs(5) {
-                Ok(())
-            } else {
-                Err(format!("rank {r}: told after {:?}", start.elapsed()))
-            }
-        }
-        Err(e) => Err(format!(
-            "rank {r}: expected PeerFailed naming rank {last}, got {e}"
-        )),
-        Ok(()) => Err(format!("rank {r}: a send to a departed rank succeeded")),
-    }
+    told_at_once(r, last, "send to", || {
+        c.send(&x, last).and_then(|w| w.wait())
+    })
 }
 
 /// The plan each of a rank's all_reduce calls ran, as indices into

@@ -887,6 +887,39 @@ mod tests {
         Arc::new(Table::from_text(&text, None).unwrap())
     }
 
+    /// A table that ranks all_reduce's plans backwards: the direct kernel
+    /// the slowest and the one-shot the fastest.
+    fn backwards() -> Arc<Table> {
+        table(|p| match p {
+            Plan::Direct => Plan::OneShot,
+            Plan::OneShot => Plan::Direct,
+            Plan::HostRing => Plan::DeviceRing,
+            _ => Plan::HostRing,
+        })
+    }
+
+    /// What the planner decides from, with `table` and `prefer`.
+    fn tuning(table: Option<Arc<Table>>, prefer: Option<Plan>) -> Tuning {
+        Tuning {
+            algorithm: Algorithm::Auto,
+            plan: None,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table,
+            heal: None,
+            prefer,
+        }
+    }
+
     /// Runs `calls` all_reduce calls of `bytes` on `n` ranks that decide
     /// by `heal` (each rank in turn at each sequence number, rank 0 first
     /// as it may run ahead), rank 0 observing `took(plan, call)`; returns
@@ -904,24 +937,7 @@ mod tests {
             op: ReduceOp::Sum,
         }
         .into();
-        let mut tuning = Tuning {
-            algorithm: Algorithm::Auto,
-            plan: None,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
-            },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
-            },
-            host_fold: true,
-            units: 1,
-            table: None,
-            heal: None,
-            prefer: None,
-        };
+        let mut tuning = tuning(None, None);
         let mut plans = vec![Vec::new(); n];
         for seq in 0..calls {
             for (r, mine) in plans.iter_mut().enumerate() {
@@ -947,14 +963,7 @@ mod tests {
 
     #[test]
     fn a_backwards_table_heals_and_every_rank_switches_at_the_same_call() {
-        // The table says the direct kernel is the slowest and the one-shot
-        // the fastest: the reverse of the truth.
-        let backwards = table(|p| match p {
-            Plan::Direct => Plan::OneShot,
-            Plan::OneShot => Plan::Direct,
-            Plan::HostRing => Plan::DeviceRing,
-            _ => Plan::HostRing,
-        });
+        let backwards = backwards();
         let kept = Arc::new(Mutex::new(Vec::new()));
         let k = kept.clone();
         let heal = Heal::new(
@@ -1024,12 +1033,7 @@ mod tests {
     /// at once.
     #[test]
     fn across_processes_every_rank_switches_at_the_same_call_and_only_process_0_keeps() {
-        let backwards = table(|p| match p {
-            Plan::Direct => Plan::OneShot,
-            Plan::OneShot => Plan::Direct,
-            Plan::HostRing => Plan::DeviceRing,
-            _ => Plan::HostRing,
-        });
+        let backwards = backwards();
         let to_1: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
         let to_0: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
         let sent = Arc::new(Mutex::new((0usize, 0usize)));
@@ -1076,23 +1080,11 @@ mod tests {
             op: ReduceOp::Sum,
         }
         .into();
-        let tuning = |d: &Directive, seq: u64| Tuning {
-            algorithm: Algorithm::Auto,
-            plan: None,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
-            },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
-            },
-            host_fold: true,
-            units: 1,
-            table: Some(d.table.clone()),
-            heal: None,
-            prefer: d.prefer(Kind::AllReduce, Some(MIB), seq),
+        let tuning = |d: &Directive, seq: u64| {
+            tuning(
+                Some(d.table.clone()),
+                d.prefer(Kind::AllReduce, Some(MIB), seq),
+            )
         };
         let mut plans = vec![Vec::new(); 4];
         let prev = std::cell::Cell::new(None);
