@@ -481,6 +481,9 @@ pub struct World {
     /// This process's end of MPI, in a world over several processes.
     #[cfg(feature = "mpi")]
     pub(crate) hub: Option<Arc<crate::transport::mpi::hub::Hub>>,
+    /// The world's group id on the wire, in a world over several processes.
+    #[cfg(feature = "mpi")]
+    pub(crate) group: u64,
 }
 
 /// Ends a run, however it ends: the communicators take calls from any
@@ -842,6 +845,8 @@ impl World {
             running: AtomicBool::new(false),
             #[cfg(feature = "mpi")]
             hub: None,
+            #[cfg(feature = "mpi")]
+            group: 0,
         })
     }
 

@@ -12,7 +12,7 @@
 //! that dies cannot say so: its peers' waits end at their deadline, naming
 //! the rank they were waiting for.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
 use crate::transport::MakePlace;
-use crate::transport::mpi::hub::{Hub, Notice, Route};
+use crate::transport::mpi::hub::{Hub, Notice, Route, Start};
 use crate::transport::mpi::{Layout, ends, split_id};
 
 /// MPI is initialised once per process and finalised when the last world
@@ -46,10 +46,6 @@ enum Slot {
 
 static HUB: Mutex<Slot> = Mutex::new(Slot::Never);
 
-/// Worlds made over MPI so far in this process: every process makes them
-/// in the same order (SPMD), so the count names the world on the wire.
-static WORLDS: AtomicU64 = AtomicU64::new(0);
-
 fn hub() -> Result<Arc<Hub>> {
     let mut slot = lock(&HUB);
     match &*slot {
@@ -60,7 +56,7 @@ fn hub() -> Result<Arc<Hub>> {
         }
         Slot::Finished => {}
         Slot::Never => {
-            let h = Arc::new(Hub::start().map_err(|what| Error::Transport {
+            let h = Arc::new(Hub::start(Start::Init).map_err(|what| Error::Transport {
                 process: None,
                 what,
             })?);
@@ -99,13 +95,95 @@ impl World {
     /// initialised by the first call (`MPI_THREAD_FUNNELED`, on a thread of
     /// the engine's) and finalised when the process's last such world is
     /// dropped, or left unfinalised after a failure, so that a dead peer
-    /// cannot hold the exit.
+    /// cannot hold the exit. The engine's messages go on a duplicate of
+    /// `MPI_COMM_WORLD`. In a program that initialises MPI itself, use
+    /// [`from_mpi_comm`](Self::from_mpi_comm).
     pub fn from_mpi(config: WorldConfig) -> Result<World> {
         check(&config)?;
-        let hub = hub()?;
+        World::over_hub(hub()?, config)
+    }
+
+    /// A world over the processes of `comm`, a communicator of an MPI the
+    /// application initialised itself, as NCCL and `torch.distributed`
+    /// are used inside MPI programs: process `p` of `comm` holds ranks
+    /// `p * config.ranks()` on, as in [`from_mpi`](Self::from_mpi). Every
+    /// process of `comm` must call it (it duplicates `comm`, a collective
+    /// call), and the engine's messages go on that duplicate only, so the
+    /// application's own, whatever their tags, never meet them. The
+    /// engine's thread calls MPI beside the application's threads, so MPI
+    /// must have been initialised with `MPI_THREAD_MULTIPLE` (else
+    /// [`Error::Transport`] says so). MPI stays the application's: the
+    /// world frees its duplicate when dropped and never finalises.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mpi::traits::*;
+    /// use wgpu_collectives::{ReduceOp, World, WorldConfig};
+    ///
+    /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+    ///     .ok_or("MPI was initialised already")?;
+    /// let comm = universe.world();
+    /// let world = World::from_mpi_comm(&comm, WorldConfig::new(2))?;
+    /// let sums = world.run(|c| {
+    ///     let x = c.tensor(&[c.rank() as f32; 4])?;
+    ///     c.all_reduce(&x, ReduceOp::Sum)?.wait()?.to_vec::<f32>()
+    /// })?;
+    /// // The application's own MPI, beside the engine's.
+    /// let mut ranks = 0i32;
+    /// comm.all_reduce_into(
+    ///     &(sums.len() as i32),
+    ///     &mut ranks,
+    ///     mpi::collective::SystemOperation::sum(),
+    /// );
+    /// assert_eq!(ranks as usize, world.size());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_mpi_comm(
+        comm: &impl mpi::raw::AsRaw<Raw = mpi::ffi::MPI_Comm>,
+        config: WorldConfig,
+    ) -> Result<World> {
+        check(&config)?;
+        let transport = |what: String| Error::Transport {
+            process: None,
+            what,
+        };
+        if !mpi::environment::is_initialized() {
+            return Err(transport(
+                "World::from_mpi_comm: MPI is not initialised; initialise it with \
+                 MPI_THREAD_MULTIPLE first, or let World::from_mpi initialise it"
+                    .into(),
+            ));
+        }
+        let level = mpi::environment::threading_support();
+        if level != mpi::Threading::Multiple {
+            return Err(transport(format!(
+                "World::from_mpi_comm: MPI was initialised with {level:?}, but the engine's \
+                 MPI thread calls MPI beside the application's threads: initialise it with \
+                 MPI_THREAD_MULTIPLE (mpi::initialize_with_threading(Threading::Multiple))"
+            )));
+        }
+        let dup = crate::transport::mpi::raw::duplicate(comm)
+            .map_err(|c| transport(format!("MPI_Comm_dup failed (code {})", c.0)))?;
+        let hub = Hub::start(Start::Given(dup)).map_err(transport)?;
+        World::over_hub(Arc::new(hub), config)
+    }
+
+    /// A world over `hub`'s processes, as `config` asks.
+    fn over_hub(hub: Arc<Hub>, config: WorldConfig) -> Result<World> {
         let (process, processes) = (hub.process, hub.processes);
         let local = config.ranks();
-        let number = WORLDS.fetch_add(1, Ordering::Relaxed);
+        // No frame longer than this process's devices' largest buffer is
+        // taken from the wire (set before any process can send one: they
+        // all meet below first).
+        let (_instance, adapters) = find_adapters(&config)?;
+        hub.allow(
+            adapters
+                .iter()
+                .map(|a| a.limits().max_buffer_size)
+                .max()
+                .unwrap_or(0),
+        );
+        let number = hub.worlds.fetch_add(1, Ordering::Relaxed);
         let algorithm = config.algorithm()?;
         let plan = config.plan()?;
         let timeout_ms = u64::try_from(config.timeout().as_millis()).unwrap_or(u64::MAX);
@@ -185,7 +263,6 @@ impl World {
         }
         let base = process.saturating_mul(local);
 
-        let (_instance, adapters) = find_adapters(&config)?;
         // Ranks of this process on one adapter share its device (one
         // owner, one queue), unless the placement asks for a device each;
         // either way hops between them go through host staging.
@@ -276,6 +353,7 @@ impl World {
         // within half the timeout, before their own waits run out.
         hub.watch(config.timeout().checked_div(2).unwrap_or_default());
         world.hub = Some(hub);
+        world.group = group;
         tracing::info!(
             process,
             processes,
@@ -285,6 +363,33 @@ impl World {
             base.saturating_add(local)
         );
         Ok(world)
+    }
+}
+
+impl World {
+    /// Sends process `process` what no engine sends, named by `what`
+    /// (`short-head`, `stray-tag`, `kind`, `long-body`, `short-body`,
+    /// `route`, `flood`), on this world's communicator: a test's injection
+    /// point for the checks that refuse such a process. Not for use
+    /// outside the crate's tests.
+    #[doc(hidden)]
+    pub fn forge_wire(&self, process: usize, what: &str) -> Result<()> {
+        let invalid = |what: String| Error::InvalidArgument { rank: None, what };
+        let hub = self
+            .hub
+            .as_ref()
+            .ok_or_else(|| invalid("forge_wire: not a world over MPI".into()))?;
+        if process >= hub.processes || process == hub.process {
+            return Err(invalid(format!(
+                "forge_wire: no other process {process} among {}",
+                hub.processes
+            )));
+        }
+        if hub.forge(process, self.group, self.local_ranks().len(), what) {
+            Ok(())
+        } else {
+            Err(invalid(format!("forge_wire: no forgery named {what:?}")))
+        }
     }
 }
 
@@ -312,6 +417,7 @@ fn pass_failures_on(
     }));
     let (tx, rx) = crossbeam::channel::unbounded::<Notice>();
     hub.on_notice(group, tx);
+    let process = hub.process;
     let health = Arc::downgrade(health);
     let spawned = std::thread::Builder::new()
         .name("mpi-notices".into())
@@ -319,7 +425,7 @@ fn pass_failures_on(
             let mut later: Vec<(Route, String)> = Vec::new();
             // Ranks of other processes that returned, in a run.
             let mut departed: Vec<Route> = Vec::new();
-            let mut dead: Vec<(usize, String)> = Vec::new();
+            let mut dead: Vec<(usize, Error)> = Vec::new();
             loop {
                 // Ends when the hub, and with it the sender, is gone. With
                 // nothing held for a later run it wakes only for notices.
@@ -335,12 +441,37 @@ fn pass_failures_on(
                     Ok(Notice::Silent { process, quiet }) => {
                         let first = process.saturating_mul(local);
                         let last = first.saturating_add(local.saturating_sub(1));
+                        let reason = format!(
+                            "process {process} (ranks {first} to {last}) has sent nothing, not \
+                             even its heartbeat, for {quiet:.1?}: it died or hangs"
+                        );
                         dead.push((
                             first,
-                            format!(
-                                "process {process} (ranks {first} to {last}) has sent nothing, \
-                                 not even its heartbeat, for {quiet:.1?}: it died or hangs"
-                            ),
+                            Error::PeerFailed {
+                                rank: first,
+                                seq: 0,
+                                doing: String::new(),
+                                peer: first,
+                                reason,
+                                flight: String::new(),
+                            },
+                        ));
+                    }
+                    Ok(Notice::Refused {
+                        process: from,
+                        what,
+                    }) => {
+                        let first = from.saturating_mul(local);
+                        let last = first.saturating_add(local.saturating_sub(1));
+                        dead.push((
+                            first,
+                            Error::Transport {
+                                process: Some(process),
+                                what: format!(
+                                    "process {from} (ranks {first} to {last}) sent what no \
+                                     engine sends, so nothing more from it is taken: {what}"
+                                ),
+                            },
                         ));
                     }
                     Err(RecvTimeoutError::Timeout) => {}
@@ -363,9 +494,8 @@ fn pass_failures_on(
                 let due = due
                     .into_iter()
                     .map(|(route, text)| (usize::try_from(route.from).unwrap_or(usize::MAX), text));
-                // A dead process fails every run, this one and the next.
-                for (origin, reason) in due.chain(dead.iter().cloned()) {
-                    h.fail_elsewhere(
+                let due = due.map(|(origin, reason)| {
+                    (
                         origin,
                         Error::PeerFailed {
                             rank: origin,
@@ -375,7 +505,12 @@ fn pass_failures_on(
                             reason,
                             flight: String::new(),
                         },
-                    );
+                    )
+                });
+                // A dead or refused process fails every run, this one and
+                // the next.
+                for (origin, error) in due.chain(dead.iter().cloned()) {
+                    h.fail_elsewhere(origin, error);
                 }
             }
         });

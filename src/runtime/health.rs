@@ -356,6 +356,10 @@ impl Health {
                 }
             }
             Error::Aborted { .. } => Error::Aborted { rank, seq },
+            // The wire between processes failed (a process refused for
+            // what it sent): the world's failure, not one peer's, and
+            // every rank says it in its own words.
+            e @ Error::Transport { .. } => e,
             e if f.origin == rank => e,
             // The whole group waited too long: every rank reports the timeout,
             // with the flight record that says who was behind.

@@ -1,8 +1,13 @@
 //! The one thread of a process that calls MPI.
 //!
-//! MPI is initialised on this thread (`MPI_THREAD_FUNNELED`: every call
-//! from the thread that initialised it), so the engine never depends on
-//! an MPI library built for `MPI_THREAD_MULTIPLE`. Ranks hand it frames to
+//! Where the engine initialises MPI, it does so on this thread
+//! (`MPI_THREAD_FUNNELED`: every call from the thread that initialised
+//! it), so that `World::from_mpi` never depends on an MPI library built
+//! for `MPI_THREAD_MULTIPLE`; inside an application that initialised MPI
+//! itself, this thread calls MPI beside the application's, which needs
+//! `MPI_THREAD_MULTIPLE` (`World::from_mpi_comm` checks). Either way the
+//! hub works on its own duplicate of the communicator, so that no
+//! message of the application's matches one of the engine's. Ranks hand it frames to
 //! send; it keeps every send in flight at once (non-blocking, each holding
 //! its bytes), probes for frames from any process, and routes each to the
 //! channel of the rank and lane it is addressed to, where that rank's
@@ -20,22 +25,36 @@
 //! Between frames the thread yields while anything is in flight and
 //! sleeps (up to `IDLE_MAX`) when nothing is: MPI's progress needs calls,
 //! but the ranks' devices need the cores.
+//!
+//! The wire is not trusted: a garbled head, a process of another version
+//! or anything else on the engine's communicator must not make this
+//! process allocate what its bytes say, abort, or pair a frame with the
+//! wrong receiver. Every message is probed before it is received: a head
+//! must be a head's size, of a known kind, with a body no longer than the
+//! cap (the largest buffer this process's devices hold, or `NOTE_MAX` for
+//! the hub's own notes), on a route whose ranks live where it says; the
+//! body must be the length its head said; frames kept for routes not yet
+//! open are bounded (`EARLY_FRAMES`, `EARLY_BYTES`). A process that breaks
+//! any of this is refused: nothing more from it is taken (its messages are
+//! received into nothing), and every group hears why, naming it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
-use mpi::point_to_point::Source;
+use mpi::datatype::Equivalence;
+use mpi::point_to_point::{Message, Source, Status};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
+use super::Layout;
 use super::raw::{self, Sending};
 use crate::device::lock;
 use crate::transport::pool::Pool;
 use crate::transport::staging::{Landed, Landing};
-use crate::transport::{Mapped, Receipt, Verdict};
+use crate::transport::{LANES, Mapped, Receipt, Verdict};
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
 /// epoch 4), body length 8, receipt token 8 (0: none), and the packet
@@ -46,6 +65,17 @@ pub(crate) const HEADER: usize = 64;
 
 const TAG_HEAD: i32 = 17;
 const TAG_BODY: i32 = 18;
+
+/// Most bytes of a notice's or a receipt's body: an error's text, or a
+/// healing note (a few tables as text).
+const NOTE_MAX: usize = 1 << 20;
+/// How long a head's body may take to follow it.
+const BODY_WAIT: Duration = Duration::from_secs(10);
+/// Frames kept for routes not open yet (another process ran ahead), at
+/// most, and their bytes: a process ahead by whole runs of traffic is
+/// legitimate, one that sends without end is not.
+const EARLY_FRAMES: usize = 1 << 16;
+const EARLY_BYTES: usize = 1 << 30;
 
 /// How long `MPI_Init` may take.
 const INIT: Duration = Duration::from_secs(120);
@@ -110,6 +140,9 @@ pub(crate) enum Notice {
     Silent { process: usize, quiet: Duration },
     /// A note of the group's healing, from another process.
     Heal(Vec<u8>),
+    /// `process` sent what no engine sends (`what`): nothing more from it
+    /// is taken, and every run with its ranks fails.
+    Refused { process: usize, what: String },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -129,14 +162,25 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(code: u8) -> Kind {
-        match code {
+    fn of(code: u8) -> Option<Kind> {
+        Some(match code {
+            0 => Kind::Data,
             1 => Kind::Notice,
             2 => Kind::Beat,
             3 => Kind::Bye,
             4 => Kind::Device,
             5 => Kind::Receipt,
-            _ => Kind::Data,
+            _ => return None,
+        })
+    }
+
+    /// The longest body a frame of this kind may have, given the cap on
+    /// data frames.
+    fn most(self, cap: usize) -> usize {
+        match self {
+            Kind::Data | Kind::Device => cap,
+            Kind::Notice | Kind::Receipt => NOTE_MAX,
+            Kind::Beat | Kind::Bye => 0,
         }
     }
 }
@@ -179,6 +223,12 @@ enum Command {
     },
     /// Sends what is in flight (bounded), then finalises MPI.
     Finish,
+    /// Sends `bytes` with `tag` as they are: a test's forged message.
+    Raw {
+        process: usize,
+        tag: i32,
+        bytes: Vec<u8>,
+    },
 }
 
 /// Routes and frames that came early, shared with the ranks.
@@ -197,6 +247,127 @@ struct Routes {
     receipts: HashMap<u64, (Route, Receipt)>,
     /// The last token given.
     token: u64,
+    /// The groups with ranks in this process, by id: where their ranks
+    /// live, while the group does.
+    groups: HashMap<u64, Weak<Layout>>,
+    /// Frames and bytes kept in `early`.
+    early_frames: usize,
+    early_bytes: usize,
+    /// Processes refused, and why: told to every group, those made later
+    /// included.
+    refused: Vec<(usize, String)>,
+}
+
+/// Where a hub's communicator comes from.
+pub(crate) enum Start {
+    /// The hub initialises MPI (`MPI_THREAD_FUNNELED`, on its thread),
+    /// works on a duplicate of `MPI_COMM_WORLD`, and finalises MPI when
+    /// it ends.
+    Init,
+    /// The application initialised MPI: the hub works on this duplicate
+    /// of the application's communicator, frees it when it ends, and
+    /// leaves MPI as it found it.
+    Given(raw::Duplicate),
+}
+
+impl Routes {
+    /// Takes the frames kept for `route`, oldest first.
+    fn take_early(&mut self, route: &Route) -> VecDeque<Frame> {
+        let frames = self.early.remove(route).unwrap_or_default();
+        self.early_frames = self.early_frames.saturating_sub(frames.len());
+        let bytes = frames
+            .iter()
+            .map(Frame::bytes)
+            .fold(0, usize::saturating_add);
+        self.early_bytes = self.early_bytes.saturating_sub(bytes);
+        frames
+    }
+
+    /// Keeps `frame` until `route` opens, within the bounds; past them,
+    /// says so.
+    fn keep_early(&mut self, route: Route, frame: Frame) -> Result<(), String> {
+        let bytes = frame.bytes();
+        let frames = self.early_frames.saturating_add(1);
+        let total = self.early_bytes.saturating_add(bytes);
+        if frames > EARLY_FRAMES || total > EARLY_BYTES {
+            return Err(format!(
+                "{frames} frames ({total} bytes) for routes not open here (at most \
+                 {EARLY_FRAMES} frames, {EARLY_BYTES} bytes), the last for rank {} of group \
+                 {:016x} in its run {}",
+                route.to, route.group, route.epoch
+            ));
+        }
+        self.early_frames = frames;
+        self.early_bytes = total;
+        self.early.entry(route).or_default().push_back(frame);
+        Ok(())
+    }
+
+    /// Whether a frame on `route` from process `sender` may be taken by
+    /// this process (`me`): its ranks must live where it says, in a group
+    /// with ranks here. `Ok(false)`: the group has ended here, the frame
+    /// is stale. A group not made here yet cannot be checked (its frames
+    /// wait, bounded).
+    fn check(&self, route: Route, kind: Kind, sender: usize, me: usize) -> Result<bool, String> {
+        let Some(weak) = self.groups.get(&route.group) else {
+            return Ok(true);
+        };
+        let Some(layout) = weak.upgrade() else {
+            return Ok(false);
+        };
+        let at = |rank: u32| {
+            usize::try_from(rank)
+                .ok()
+                .and_then(|i| layout.process_of.get(i).copied())
+        };
+        let (to, from) = (at(route.to), at(route.from));
+        let fine = match (kind, route.lane) {
+            (Kind::Notice, HEALING) => usize::try_from(route.from).ok() == Some(sender),
+            // A rank of the sender's returned.
+            (Kind::Notice, DEPARTED) => from == Some(sender),
+            // A failure names the rank it came from, which another
+            // process's rank may have found (a mismatch with it).
+            (Kind::Notice, _) => from.is_some(),
+            _ => to == Some(me) && from == Some(sender) && usize::from(route.lane) < LANES,
+        };
+        let name = |p: Option<usize>| p.map_or("no process".into(), |p| format!("process {p}"));
+        if fine {
+            Ok(true)
+        } else {
+            Err(format!(
+                "a frame (kind {}, lane {}) for rank {} (in {}) from rank {} (in {}) of group \
+                 {:016x}, whose ranks are {}",
+                kind as u8,
+                route.lane,
+                route.to,
+                name(to),
+                route.from,
+                name(from),
+                route.group,
+                layout.process_of.len()
+            ))
+        }
+    }
+}
+
+impl Frame {
+    /// Bytes of host memory the frame holds.
+    fn bytes(&self) -> usize {
+        match &self.body {
+            Arrived::Bytes(b) => b.capacity(),
+            Arrived::Landed(_) => 0,
+        }
+        .saturating_add(HEADER)
+    }
+}
+
+/// What the MPI thread shares with the ranks.
+struct Shared {
+    routes: Arc<Mutex<Routes>>,
+    pool: Arc<Pool>,
+    waiting: Arc<AtomicUsize>,
+    liveness: Arc<AtomicU64>,
+    cap: Arc<AtomicU64>,
 }
 
 /// This process's end of MPI.
@@ -216,6 +387,12 @@ pub(crate) struct Hub {
     /// How long another process may stay silent before its ranks count as
     /// failed (ms; 0: not watched yet).
     liveness: Arc<AtomicU64>,
+    /// Worlds made over this hub so far: every process makes them in the
+    /// same order (SPMD), so the count names a world on the wire.
+    pub worlds: AtomicU64,
+    /// The longest data frame's body taken from the wire (bytes; 0 until
+    /// a world says how large its devices' buffers are).
+    cap: Arc<AtomicU64>,
 }
 
 /// A rank's wait for a frame, counted while it lasts (see `Hub::waiting`).
@@ -236,23 +413,26 @@ impl Drop for Hub {
 }
 
 impl Hub {
-    /// Initialises MPI on a thread of its own and starts serving.
-    pub(crate) fn start() -> Result<Hub, String> {
+    /// Starts serving on a thread of its own, over a communicator that
+    /// `start` says where it comes from.
+    pub(crate) fn start(start: Start) -> Result<Hub, String> {
         let (commands, rx) = unbounded();
         let routes = Arc::new(Mutex::new(Routes::default()));
         let pool = Arc::new(Pool::new(256));
         let (ready_tx, ready_rx) = bounded(1);
         let waiting = Arc::new(AtomicUsize::new(0));
         let liveness = Arc::new(AtomicU64::new(0));
-        let (r, p, w, l) = (
-            routes.clone(),
-            pool.clone(),
-            waiting.clone(),
-            liveness.clone(),
-        );
+        let cap = Arc::new(AtomicU64::new(0));
+        let shared = Shared {
+            routes: routes.clone(),
+            pool: pool.clone(),
+            waiting: waiting.clone(),
+            liveness: liveness.clone(),
+            cap: cap.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("mpi-hub".into())
-            .spawn(move || serve(rx, r, p, w, &l, ready_tx))
+            .spawn(move || serve(start, rx, &shared, ready_tx))
             .map_err(|e| format!("spawning the MPI thread: {e}"))?;
         let (process, processes) = ready_rx.recv_timeout(INIT).map_err(|e| match e {
             RecvTimeoutError::Timeout => format!(
@@ -272,6 +452,89 @@ impl Hub {
             failed: AtomicBool::new(false),
             waiting,
             liveness,
+            worlds: AtomicU64::new(0),
+            cap,
+        })
+    }
+
+    /// Data frames up to `bytes` long are taken from now on (the largest
+    /// buffer a world's devices hold: no engine sends a longer one).
+    pub(crate) fn allow(&self, bytes: u64) {
+        self.cap.fetch_max(bytes, Ordering::AcqRel);
+    }
+
+    /// `layout`'s group has ranks in this process: frames for it are
+    /// checked against where its ranks live, while it lives.
+    pub(crate) fn member(&self, layout: &Arc<Layout>) {
+        let mut r = lock(&self.routes);
+        r.groups.retain(|_, l| l.strong_count() > 0);
+        r.groups.insert(layout.group, Arc::downgrade(layout));
+    }
+
+    /// Sends `process` what no engine sends, as `what` names it, on the
+    /// world `group` of `local` ranks per process (a test's injection: see
+    /// `World::forge_wire`). Returns false for a name it does not know.
+    pub(crate) fn forge(&self, process: usize, group: u64, local: usize, what: &str) -> bool {
+        let raw = |tag: i32, bytes: Vec<u8>| Command::Raw {
+            process,
+            tag,
+            bytes,
+        };
+        // A data frame from this process's first rank to the receiver's.
+        let first = |p: usize| u32::try_from(p.saturating_mul(local)).unwrap_or(u32::MAX);
+        let (me, them) = (first(self.process), first(process));
+        let route = |to: u32| Route {
+            group,
+            epoch: 0,
+            to,
+            from: me,
+            lane: 0,
+        };
+        let sends: Vec<Command> = match what {
+            "short-head" => vec![raw(TAG_HEAD, vec![7; 7])],
+            "stray-tag" => vec![raw(TAG_HEAD.wrapping_add(40), vec![0; 16])],
+            "kind" => {
+                let mut h = encode_head(Kind::Data, route(them), &[], 4, 0);
+                if let Some(k) = h.get_mut(17) {
+                    *k = 0xee;
+                }
+                vec![raw(TAG_HEAD, h.to_vec()), raw(TAG_BODY, vec![0; 4])]
+            }
+            "long-body" => {
+                let h = encode_head(Kind::Data, route(them), &[], usize::MAX >> 1, 0);
+                vec![raw(TAG_HEAD, h.to_vec())]
+            }
+            "short-body" => {
+                let h = encode_head(Kind::Data, route(them), &[], 64, 0);
+                vec![raw(TAG_HEAD, h.to_vec()), raw(TAG_BODY, vec![0; 8])]
+            }
+            "route" => {
+                // To a rank of the sender's own process.
+                let h = encode_head(Kind::Data, route(me), &[], 4, 0);
+                vec![raw(TAG_HEAD, h.to_vec()), raw(TAG_BODY, vec![0; 4])]
+            }
+            "flood" => {
+                let early = Route {
+                    group: group ^ 0x5eed,
+                    ..route(them)
+                };
+                let h = encode_head(Kind::Data, early, &[], 0, 0);
+                (0..=EARLY_FRAMES)
+                    .flat_map(|_| [raw(TAG_HEAD, h.to_vec()), raw(TAG_BODY, Vec::new())])
+                    .collect()
+            }
+            _ => return false,
+        };
+        // Paced, a few hundred frames in flight at a time, as the engine's
+        // own traffic is: a flood posted at once makes MPI's progress, not
+        // the receiver's checks, what the test measures.
+        let mut sent = 0usize;
+        sends.into_iter().all(|c| {
+            sent = sent.saturating_add(1);
+            if sent % 512 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            self.commands.send(c).is_ok()
         })
     }
 
@@ -455,6 +718,12 @@ impl Hub {
         for (_, notice) in mine {
             let _ = to.send(notice);
         }
+        for (process, what) in &r.refused {
+            let _ = to.send(Notice::Refused {
+                process: *process,
+                what: what.clone(),
+            });
+        }
         r.notices.insert(group, to);
     }
 
@@ -464,14 +733,26 @@ impl Hub {
     pub(crate) fn open(&self, route: Route) -> Receiver<Frame> {
         let (tx, rx) = unbounded();
         let mut r = lock(&self.routes);
-        r.early.retain(|k, _| {
-            k.epoch >= route.epoch
-                || Route {
-                    epoch: route.epoch,
-                    ..*k
-                } != route
-        });
-        for f in r.early.remove(&route).into_iter().flatten() {
+        let stale: Vec<Route> = r
+            .early
+            .keys()
+            .filter(|k| {
+                k.epoch < route.epoch
+                    && Route {
+                        epoch: route.epoch,
+                        ..**k
+                    } == route
+            })
+            .copied()
+            .collect();
+        for k in stale {
+            for f in r.take_early(&k) {
+                if let Arrived::Bytes(b) = f.body {
+                    self.pool.give(b);
+                }
+            }
+        }
+        for f in r.take_early(&route) {
             let _ = tx.send(f);
         }
         r.open.insert(route, tx);
@@ -564,7 +845,8 @@ struct Head {
     header: [u8; HEADER],
 }
 
-fn decode_head(h: &[u8; HEAD]) -> Head {
+/// `h` as a head, or why it is none.
+fn decode_head(h: &[u8; HEAD]) -> Result<Head, String> {
     let u64_at = |i: usize| {
         let mut b = [0u8; 8];
         if let Some(s) = h.get(i..i.saturating_add(8)) {
@@ -586,20 +868,21 @@ fn decode_head(h: &[u8; HEAD]) -> Head {
         lane: h.get(16).copied().unwrap_or(0),
         epoch: u32_at(18),
     };
-    let kind = Kind::of(h.get(17).copied().unwrap_or(0));
+    let code = h.get(17).copied().unwrap_or(u8::MAX);
+    let kind = Kind::of(code).ok_or_else(|| format!("a head of an unknown kind ({code})"))?;
     let len = usize::try_from(u64_at(22)).unwrap_or(usize::MAX);
     let token = u64_at(30);
     let mut header = [0u8; HEADER];
     if let Some(s) = h.get(38..) {
         header.copy_from_slice(s);
     }
-    Head {
+    Ok(Head {
         route,
         kind,
         len,
         token,
         header,
-    }
+    })
 }
 
 /// A receipt's verdicts on the wire (its body's first byte).
@@ -609,20 +892,28 @@ const DROPPED: u8 = 2;
 
 /// The MPI thread: initialises MPI, says so through `ready`, then serves.
 fn serve(
+    start: Start,
     commands: Receiver<Command>,
-    routes: Arc<Mutex<Routes>>,
-    pool: Arc<Pool>,
-    waiting: Arc<AtomicUsize>,
-    liveness: &AtomicU64,
+    shared: &Shared,
     ready: Sender<Result<(usize, usize), String>>,
 ) {
-    let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
-        let _ = ready.send(Err(
-            "MPI was already initialised in this process (one MPI world per process)".into(),
-        ));
-        return;
+    let (universe, world) = match start {
+        Start::Init => {
+            let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+            else {
+                let _ = ready.send(Err(
+                    "MPI was already initialised in this process: an application that \
+                     initialises MPI itself makes its worlds with World::from_mpi_comm"
+                        .into(),
+                ));
+                return;
+            };
+            // The engine's messages never match the application's.
+            let world = universe.world().duplicate();
+            (Some(universe), world)
+        }
+        Start::Given(dup) => (None, dup.adopt()),
     };
-    let world = universe.world();
     if let Err(e) = raw::errors_return(&world) {
         let _ = ready.send(Err(format!(
             "MPI_Comm_set_errhandler failed (code {})",
@@ -633,9 +924,11 @@ fn serve(
     let process = usize::try_from(world.rank()).unwrap_or(0);
     let processes = usize::try_from(world.size()).unwrap_or(1);
     let _ = ready.send(Ok((process, processes)));
-    pump(&world, &commands, &routes, &pool, &waiting, liveness);
+    pump(&world, &commands, shared);
+    // MPI_Comm_free of the duplicate.
     drop(world);
-    // MPI_Finalize: a dead peer can hold it; `Hub::finish` bounds the wait.
+    // MPI_Finalize, where the hub initialised MPI: a dead peer can hold
+    // it; `Hub::finish` bounds the wait.
     drop(universe);
 }
 
@@ -644,6 +937,12 @@ struct Pump<'a> {
     world: &'a SimpleCommunicator,
     routes: &'a Mutex<Routes>,
     pool: &'a Pool,
+    /// The longest data frame taken (see `Hub::allow`).
+    cap: &'a AtomicU64,
+    /// This process's rank among the job's.
+    me: usize,
+    /// Processes refused: their messages are received into nothing.
+    refused: Vec<bool>,
     /// Sends in flight, each holding its bytes.
     sending: Vec<Sending>,
     /// Spare head buffers: kept apart from the body pool, so that a body
@@ -663,19 +962,16 @@ struct Pump<'a> {
 }
 
 /// Serves until told to finish and its sends are done (or given up).
-fn pump<'a>(
-    world: &'a SimpleCommunicator,
-    commands: &Receiver<Command>,
-    routes: &'a Mutex<Routes>,
-    pool: &'a Pool,
-    waiting: &AtomicUsize,
-    liveness: &'a AtomicU64,
-) {
+fn pump<'a>(world: &'a SimpleCommunicator, commands: &Receiver<Command>, shared: &'a Shared) {
     let processes = usize::try_from(world.size()).unwrap_or(1);
+    let waiting = &shared.waiting;
     let mut p = Pump {
         world,
-        routes,
-        pool,
+        routes: &shared.routes,
+        pool: &shared.pool,
+        cap: &shared.cap,
+        me: usize::try_from(world.rank()).unwrap_or(0),
+        refused: vec![false; processes],
         sending: Vec::new(),
         heads: Vec::new(),
         finish: None,
@@ -685,7 +981,7 @@ fn pump<'a>(
             .map(|q| i32::try_from(q).ok() == Some(world.rank()))
             .collect(),
         beat: Instant::now(),
-        liveness,
+        liveness: &shared.liveness,
     };
     let mut idle: u32 = 0;
     loop {
@@ -761,7 +1057,40 @@ impl Pump<'_> {
                 self.tell_all(Kind::Bye);
                 self.finish = Some(Instant::now());
             }
+            Command::Raw {
+                process,
+                tag,
+                bytes,
+            } => {
+                let to = i32::try_from(process).unwrap_or(i32::MAX);
+                match raw::isend(self.world, to, tag, Outgoing::Bytes(bytes)) {
+                    Ok(s) => self.sending.push(s),
+                    Err((code, _)) => tracing::error!(process, code = code.0, "MPI_Isend failed"),
+                }
+            }
         }
+    }
+
+    /// Refuses process `from` for `why`: nothing more from it is taken,
+    /// and every group hears it (those made later too).
+    fn refuse(&mut self, from: usize, why: String) {
+        let Some(r) = self.refused.get_mut(from).filter(|r| !**r) else {
+            return;
+        };
+        *r = true;
+        // Its silence is no news from now on.
+        if let Some(g) = self.gone.get_mut(from) {
+            *g = true;
+        }
+        tracing::error!(process = from, why, "MPI: a process sent junk; refused");
+        let mut routes = lock(self.routes);
+        for n in routes.notices.values() {
+            let _ = n.send(Notice::Refused {
+                process: from,
+                what: why.clone(),
+            });
+        }
+        routes.refused.push((from, why));
     }
 
     /// Sends `kind` (no route, no body) to every process not gone.
@@ -806,60 +1135,112 @@ impl Pump<'_> {
     /// Takes every frame that has come; whether there was any.
     fn receive(&mut self) -> bool {
         let mut any = false;
-        while let Some((msg, _)) = self
-            .world
-            .any_process()
-            .immediate_matched_probe_with_tag(TAG_HEAD)
-        {
+        while let Some((msg, status)) = self.world.any_process().immediate_matched_probe() {
             any = true;
-            let status = msg.matched_receive_into(&mut self.head[..]);
-            let Head {
-                route,
-                kind,
-                len,
-                token,
-                header,
-            } = decode_head(&self.head);
-            // The body follows its head from the same process.
             let source = status.source_rank();
-            let body = self.receive_body(source, route, kind, len);
             let from = usize::try_from(source).unwrap_or(usize::MAX);
             if let Some(t) = self.heard.get_mut(from) {
                 *t = Instant::now();
             }
-            match kind {
-                Kind::Beat => {
-                    if let Arrived::Bytes(b) = body {
-                        self.pool.give(b);
-                    }
-                }
-                Kind::Bye => {
+            if self.refused.get(from).copied().unwrap_or(true) {
+                raw::discard(msg);
+                continue;
+            }
+            if let Err(why) = self.take(msg, &status) {
+                self.refuse(from, why);
+            }
+        }
+        any
+    }
+
+    /// Takes the frame whose head `msg` is, with its body; what is wrong
+    /// with it, if anything is (then the sender is refused).
+    fn take(&mut self, msg: Message, status: &Status) -> Result<(), String> {
+        let (source, tag) = (status.source_rank(), status.tag());
+        let from = usize::try_from(source).unwrap_or(usize::MAX);
+        let count = usize::try_from(status.count(u8::equivalent_datatype())).ok();
+        if tag != TAG_HEAD || count != Some(HEAD) {
+            raw::discard(msg);
+            return Err(format!(
+                "a message of {} bytes with tag {tag} where a frame's head ({HEAD} bytes, tag \
+                 {TAG_HEAD}) was due",
+                count.map_or("an uncountable number of".into(), |c| c.to_string())
+            ));
+        }
+        let into = std::ptr::NonNull::from(&mut self.head).cast();
+        raw::matched_receive(msg, into, HEAD)
+            .map_err(|c| format!("receiving a frame's head failed (MPI error {})", c.0))?;
+        let Head {
+            route,
+            kind,
+            len,
+            token,
+            header,
+        } = decode_head(&self.head)?;
+        let most = kind.most(usize::try_from(self.cap.load(Ordering::Acquire)).unwrap_or(0));
+        if len > most {
+            return Err(format!(
+                "a head (kind {}) that announces a body of {len} bytes, where at most {most} \
+                 come",
+                kind as u8
+            ));
+        }
+        // The body follows its head from the same process (MPI keeps their
+        // order; the sender posts both at once): it must come, and be the
+        // length the head said.
+        let due = crate::deadline::after(BODY_WAIT);
+        let (msg, status) = loop {
+            let next = self
+                .world
+                .process_at_rank(source)
+                .immediate_matched_probe_with_tag(TAG_BODY);
+            match next {
+                Some(m) => break m,
+                None if Instant::now() < due => std::thread::yield_now(),
+                None => return Err(format!("a head without its body within {BODY_WAIT:?}")),
+            }
+        };
+        let count = usize::try_from(status.count(u8::equivalent_datatype())).ok();
+        if count != Some(len) {
+            raw::discard(msg);
+            return Err(format!(
+                "a body of {} bytes after a head that announced {len}",
+                count.map_or("an uncountable number of".into(), |c| c.to_string())
+            ));
+        }
+        let body = self.receive_body(msg, route, kind, len)?;
+        match kind {
+            Kind::Beat | Kind::Bye => {
+                if kind == Kind::Bye {
                     if let Some(g) = self.gone.get_mut(from) {
                         *g = true;
                     }
                 }
-                Kind::Receipt => {
-                    if let Arrived::Bytes(b) = body {
-                        self.resolve(from, route, token, &b);
-                        self.pool.give(b);
-                    }
+                if let Arrived::Bytes(b) = body {
+                    self.pool.give(b);
                 }
-                Kind::Notice | Kind::Data | Kind::Device => {
-                    let reply = (token != 0).then_some((from, token));
-                    deliver(
-                        self.routes,
-                        route,
-                        kind,
-                        Frame {
-                            header,
-                            body,
-                            reply,
-                        },
-                    );
+            }
+            Kind::Receipt => {
+                if let Arrived::Bytes(b) = body {
+                    self.resolve(from, route, token, &b);
+                    self.pool.give(b);
+                }
+            }
+            Kind::Notice | Kind::Data | Kind::Device => {
+                let reply = (token != 0).then_some((from, token));
+                let frame = Frame {
+                    header,
+                    body,
+                    reply,
+                };
+                if let Some(Arrived::Bytes(b)) =
+                    deliver(self.routes, route, kind, frame, (from, self.me))?
+                {
+                    self.pool.give(b);
                 }
             }
         }
-        any
+        Ok(())
     }
 
     /// A receipt from process `from` for the send with `token`, which went
@@ -888,10 +1269,17 @@ impl Pump<'_> {
         });
     }
 
-    /// Receives the `len` bytes of a frame's body from `source`: a device
-    /// step's straight into a landing buffer of its rank when one is free,
-    /// anything else into a pooled buffer.
-    fn receive_body(&mut self, source: i32, route: Route, kind: Kind, len: usize) -> Arrived {
+    /// Receives the `len` bytes of a frame's body, probed as `msg`: a
+    /// device step's straight into a landing buffer of its rank when one
+    /// is free, anything else into a pooled buffer.
+    fn receive_body(
+        &mut self,
+        msg: Message,
+        route: Route,
+        kind: Kind,
+        len: usize,
+    ) -> Result<Arrived, String> {
+        let failed = |c: raw::Code| format!("receiving a frame's body failed (MPI error {})", c.0);
         let landing = match kind {
             Kind::Device => lock(self.routes)
                 .landings
@@ -901,21 +1289,19 @@ impl Pump<'_> {
         };
         if let Some((landed, mut view)) = landing.and_then(|l| l.take(len)) {
             let ptr = view.slice(..).as_raw_element_ptr();
-            match raw::receive_raw(self.world, source, TAG_BODY, ptr, len) {
-                Ok(()) => return Arrived::Landed(landed),
-                // The body is gone either way: the receiver's wait names
-                // what is missing.
-                Err(code) => {
-                    tracing::error!(source, code = code.0, "MPI_Recv of a frame's body failed");
-                    return Arrived::Bytes(Vec::new());
-                }
-            }
+            raw::matched_receive(msg, ptr, len).map_err(failed)?;
+            return Ok(Arrived::Landed(landed));
         }
         let mut body = self.pool.take_sized(len);
-        self.world
-            .process_at_rank(source)
-            .receive_into_with_tag(&mut body[..], TAG_BODY);
-        Arrived::Bytes(body)
+        let ptr =
+            std::ptr::NonNull::new(body.as_mut_ptr()).unwrap_or(std::ptr::NonNull::dangling());
+        match raw::matched_receive(msg, ptr, len) {
+            Ok(()) => Ok(Arrived::Bytes(body)),
+            Err(c) => {
+                self.pool.give(body);
+                Err(failed(c))
+            }
+        }
     }
 
     /// Returns a sent buffer: a head's to the spare heads, a body's to the
@@ -955,13 +1341,24 @@ impl Pump<'_> {
     }
 }
 
-/// Hands a frame to its route, or keeps it until the route opens; a
-/// notice goes to whoever listens for them.
-fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
+/// Hands a frame from process `sender` to its route in this process
+/// (`me`), or keeps it until the route opens; a notice goes to whoever
+/// listens for them. A frame of a group that has ended here comes back
+/// (stale); one that is not what the engine sends is an error.
+fn deliver(
+    routes: &Mutex<Routes>,
+    route: Route,
+    kind: Kind,
+    frame: Frame,
+    (sender, me): (usize, usize),
+) -> Result<Option<Arrived>, String> {
     let mut r = lock(routes);
+    if !r.check(route, kind, sender, me)? {
+        return Ok(Some(frame.body));
+    }
     if kind == Kind::Notice {
         let Arrived::Bytes(body) = frame.body else {
-            return;
+            return Ok(None);
         };
         let notice = match route.lane {
             DEPARTED => Notice::Gone(route),
@@ -980,20 +1377,27 @@ fn deliver(routes: &Mutex<Routes>, route: Route, kind: Kind, frame: Frame) {
                 r.unheard.push_back((route.group, notice));
             }
         }
-        return;
+        return Ok(None);
     }
     match r.open.get(&route) {
         Some(tx) => {
             if let Err(e) = tx.send(frame) {
                 // The receiver is gone: keep it for a route opened anew.
-                r.early.entry(route).or_default().push_back(e.0);
+                r.keep_early(route, e.0)?;
             }
         }
-        None => r.early.entry(route).or_default().push_back(frame),
+        None => r.keep_early(route, frame)?,
     }
+    Ok(None)
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::arithmetic_side_effects,
+    reason = "a test: small sizes, a failed expectation is a failed test"
+)]
 mod tests {
     use super::*;
 
@@ -1017,12 +1421,129 @@ mod tests {
             Kind::Receipt,
         ] {
             let head = encode_head(kind, route, &header, 1 << 20, 0xfeed);
-            let h = decode_head(&head);
+            let h = decode_head(&head).expect("a head the engine wrote");
             assert_eq!(h.route, route);
             assert!(h.kind == kind);
             assert_eq!(h.len, 1 << 20);
             assert_eq!(h.token, 0xfeed);
             assert_eq!(h.header.as_slice(), header.as_slice());
         }
+    }
+
+    /// A head of a kind no engine sends is refused by name.
+    #[test]
+    fn wire_refuses_a_head_of_an_unknown_kind() {
+        let mut head = encode_head(Kind::Data, Route::default(), &[], 4, 0);
+        for code in [6u8, 0x7f, 0xee, 0xff] {
+            head[17] = code;
+            let Err(why) = decode_head(&head) else {
+                panic!("kind {code} was taken");
+            };
+            assert!(why.contains(&format!("unknown kind ({code})")), "{why}");
+        }
+    }
+
+    /// A group's frames are taken only where its ranks live: to a rank of
+    /// this process, from a rank of the sending process; a healing note
+    /// names its process, a departure a rank of it, a failure a rank of
+    /// the group; a group that ended here makes
+    /// its frames stale; a group not made here yet cannot be checked.
+    #[test]
+    fn wire_checks_where_a_routes_ranks_live() {
+        let layout = Arc::new(Layout {
+            group: 9,
+            process_of: vec![0, 0, 1, 1, 2, 2],
+            meet: None,
+            splits_meet: None,
+        });
+        let mut r = Routes::default();
+        r.groups.insert(9, Arc::downgrade(&layout));
+        let at = |to: u32, from: u32, lane: u8| Route {
+            group: 9,
+            epoch: 3,
+            to,
+            from,
+            lane,
+        };
+        // This is process 1 (ranks 2, 3); the frame comes from process 2.
+        let check = |route, kind| r.check(route, kind, 2, 1);
+        for (to, from) in [(2, 4), (3, 5)] {
+            assert_eq!(check(at(to, from, 0), Kind::Data), Ok(true));
+            assert_eq!(check(at(to, from, 1), Kind::Device), Ok(true));
+        }
+        for (to, from, lane) in [
+            (0, 4, 0),
+            (2, 2, 0),
+            (2, 0, 0),
+            (6, 4, 0),
+            (2, 6, 0),
+            (2, 4, 2),
+        ] {
+            let Err(why) = check(at(to, from, lane), Kind::Data) else {
+                panic!("a frame to {to} from {from} on lane {lane} was taken");
+            };
+            assert!(why.contains(&format!("for rank {to} ")), "{why}");
+        }
+        assert_eq!(check(at(0, 5, DEPARTED), Kind::Notice), Ok(true));
+        assert!(check(at(0, 1, DEPARTED), Kind::Notice).is_err());
+        assert_eq!(check(at(0, 1, 0), Kind::Notice), Ok(true));
+        assert!(check(at(0, 6, 0), Kind::Notice).is_err());
+        assert_eq!(check(at(0, 2, HEALING), Kind::Notice), Ok(true));
+        assert!(check(at(0, 4, HEALING), Kind::Notice).is_err());
+        // Another group: not made here yet.
+        assert_eq!(
+            r.check(
+                Route {
+                    group: 10,
+                    ..at(0, 0, 0)
+                },
+                Kind::Data,
+                2,
+                1
+            ),
+            Ok(true)
+        );
+        drop(layout);
+        assert_eq!(r.check(at(2, 4, 0), Kind::Data, 2, 1), Ok(false));
+    }
+
+    /// Frames for routes not open are kept up to `EARLY_FRAMES`, counted
+    /// out again when their route opens; one more is an error naming the
+    /// bound, and nothing is kept for it.
+    #[test]
+    fn wire_keeps_early_frames_within_bounds() {
+        let frame = |len: usize| Frame {
+            header: [0u8; HEADER],
+            body: Arrived::Bytes(vec![0u8; len]),
+            reply: None,
+        };
+        let route = |epoch: u32| Route {
+            group: 1,
+            epoch,
+            to: 0,
+            from: 1,
+            lane: 0,
+        };
+        let mut r = Routes::default();
+        for i in 0..EARLY_FRAMES {
+            let epoch = u32::try_from(i % 2).expect("0 or 1");
+            r.keep_early(route(epoch), frame(0))
+                .expect("within the bound");
+        }
+        let Err(why) = r.keep_early(route(0), frame(0)) else {
+            panic!("a frame past the bound was kept");
+        };
+        assert!(why.contains("for routes not open here"), "{why}");
+        assert_eq!(r.early_frames, EARLY_FRAMES);
+        assert_eq!(r.take_early(&route(1)).len(), EARLY_FRAMES / 2);
+        assert_eq!(r.early_frames, EARLY_FRAMES / 2);
+        r.keep_early(route(1), frame(100)).expect("room again");
+        // Bytes: one frame past EARLY_BYTES is refused.
+        let mut r = Routes::default();
+        r.keep_early(route(0), frame(EARLY_BYTES / 2))
+            .expect("half");
+        assert!(r.keep_early(route(0), frame(EARLY_BYTES / 2)).is_err());
+        assert_eq!(r.take_early(&route(0)).len(), 1);
+        assert_eq!((r.early_frames, r.early_bytes), (0, 0));
     }
 }

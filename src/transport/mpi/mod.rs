@@ -13,7 +13,7 @@
 //! worlds, a split's from its parent's, its sequence number and its color.
 
 pub(crate) mod hub;
-mod raw;
+pub(crate) mod raw;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -73,6 +73,7 @@ pub(crate) fn ends<H: Header + Send + 'static>(
     layout: Layout,
 ) -> Vec<Option<Arc<dyn Transport<H>>>> {
     let layout = Arc::new(layout);
+    hub.member(&layout);
     let n = layout.process_of.len();
     // Ranks of several processes never all share one device: only a
     // group of this process's ranks alone has a `meet` (see `split`).
