@@ -57,9 +57,13 @@ use crate::transport::staging::{Landed, Landing};
 use crate::transport::{LANES, Mapped, Receipt, Verdict};
 
 /// Bytes of a frame's head: route (group 8, to 4, from 4, lane 1, kind 1,
-/// epoch 4), body length 8, receipt token 8 (0: none), and the packet
-/// header the runtime gives (up to `HEADER`).
-pub(crate) const HEAD: usize = 38 + HEADER;
+/// epoch 4), body length 8, receipt token 8 (0: none), the sending hub's
+/// generation 8 (`GENERATION_AT`), and the packet header the runtime
+/// gives (up to `HEADER`).
+pub(crate) const HEAD: usize = 46 + HEADER;
+/// Where in a head the sending hub's generation is: the MPI thread stamps
+/// it on every head it sends.
+const GENERATION_AT: usize = 38;
 /// Most bytes of a packet header on the wire.
 pub(crate) const HEADER: usize = 64;
 
@@ -221,8 +225,10 @@ enum Command {
         mine: Vec<u64>,
         reply: Sender<Vec<u64>>,
     },
-    /// Sends what is in flight (bounded), then finalises MPI.
-    Finish,
+    /// Says goodbye to every process and hears theirs, sends what is in
+    /// flight (all within the limit), then frees the communicator (and
+    /// finalises MPI where the hub initialised it).
+    Finish(Duration),
     /// Sends `bytes` with `tag` as they are: a test's forged message.
     Raw {
         process: usize,
@@ -802,11 +808,13 @@ impl Hub {
     }
 
     fn finish(&self, limit: Duration) {
-        let _ = self.commands.send(Command::Finish);
+        let _ = self.commands.send(Command::Finish(limit));
         let Some(t) = lock(&self.thread).take() else {
             return;
         };
-        let deadline = crate::deadline::after(limit);
+        // The MPI thread gives up at `limit`; freeing the communicator or
+        // finalising takes a moment more.
+        let deadline = crate::deadline::after(limit.saturating_add(FINISH_FAILED));
         while !t.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -832,8 +840,18 @@ fn encode_head(kind: Kind, route: Route, header: &[u8], body: usize, token: u64)
     put(&route.epoch.to_le_bytes());
     put(&(body as u64).to_le_bytes());
     put(&token.to_le_bytes());
+    // The generation: stamped by the MPI thread (`Pump::stamp`).
+    put(&0u64.to_le_bytes());
     put(header.get(..HEADER.min(header.len())).unwrap_or(&[]));
     h
+}
+
+/// Writes the sending hub's `generation` into an encoded `head`.
+fn stamp(head: &mut [u8], generation: u64) {
+    let at = GENERATION_AT..GENERATION_AT.saturating_add(8);
+    if let Some(g) = head.get_mut(at) {
+        g.copy_from_slice(&generation.to_le_bytes());
+    }
 }
 
 /// A frame's head, as `encode_head` wrote it.
@@ -842,6 +860,8 @@ struct Head {
     kind: Kind,
     len: usize,
     token: u64,
+    /// The sending hub's generation.
+    generation: u64,
     header: [u8; HEADER],
 }
 
@@ -872,8 +892,9 @@ fn decode_head(h: &[u8; HEAD]) -> Result<Head, String> {
     let kind = Kind::of(code).ok_or_else(|| format!("a head of an unknown kind ({code})"))?;
     let len = usize::try_from(u64_at(22)).unwrap_or(usize::MAX);
     let token = u64_at(30);
+    let generation = u64_at(GENERATION_AT);
     let mut header = [0u8; HEADER];
-    if let Some(s) = h.get(38..) {
+    if let Some(s) = h.get(GENERATION_AT.saturating_add(8)..) {
         header.copy_from_slice(s);
     }
     Ok(Head {
@@ -881,6 +902,7 @@ fn decode_head(h: &[u8; HEAD]) -> Result<Head, String> {
         kind,
         len,
         token,
+        generation,
         header,
     })
 }
@@ -923,13 +945,37 @@ fn serve(
     }
     let process = usize::try_from(world.rank()).unwrap_or(0);
     let processes = usize::try_from(world.size()).unwrap_or(1);
+    let generation = agree_generation(&world, processes);
     let _ = ready.send(Ok((process, processes)));
-    pump(&world, &commands, shared);
+    pump(&world, generation, &commands, shared);
     // MPI_Comm_free of the duplicate.
     drop(world);
     // MPI_Finalize, where the hub initialised MPI: a dead peer can hold
     // it; `Hub::finish` bounds the wait.
     drop(universe);
+}
+
+/// The next generation this process's hubs may take (see
+/// `agree_generation`).
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// This hub's generation, the same on every process of `world`, and
+/// greater than that of every hub any of them had before.
+///
+/// A communicator freed by one hub may give its context id to the next
+/// one duplicated (`World::from_mpi_comm` after a world is dropped), and
+/// Open MPI hands a message that arrives for a freed context to the next
+/// communicator that takes it: a message of the old world that was still
+/// on its way (a heartbeat, a goodbye, a frame of a failed run) would be
+/// taken as the new world's. Every head carries its hub's generation, and
+/// a head of another one is dropped with its body.
+fn agree_generation(world: &SimpleCommunicator, processes: usize) -> u64 {
+    let next = GENERATIONS.load(Ordering::Acquire);
+    let mut all = vec![0u64; processes];
+    world.all_gather_into(&next, &mut all[..]);
+    let generation = all.into_iter().max().unwrap_or(next);
+    GENERATIONS.fetch_max(generation.saturating_add(1), Ordering::AcqRel);
+    generation
 }
 
 /// What the MPI thread keeps between rounds.
@@ -941,6 +987,8 @@ struct Pump<'a> {
     cap: &'a AtomicU64,
     /// This process's rank among the job's.
     me: usize,
+    /// This hub's generation (`agree_generation`).
+    generation: u64,
     /// Processes refused: their messages are received into nothing.
     refused: Vec<bool>,
     /// Sends in flight, each holding its bytes.
@@ -948,13 +996,15 @@ struct Pump<'a> {
     /// Spare head buffers: kept apart from the body pool, so that a body
     /// never lands in a buffer too small for it (and grows it anew).
     heads: Vec<Vec<u8>>,
-    /// Told to finish, when: sends still in flight get `FINISH_FAILED`.
-    finish: Option<Instant>,
+    /// Told to finish: when, and how long it may take.
+    finish: Option<(Instant, Duration)>,
     head: [u8; HEAD],
     /// When each process was last heard from (any frame, or a heartbeat).
     heard: Vec<Instant>,
-    /// Processes that said goodbye, or were found silent.
+    /// Processes that said goodbye, or were found silent, or were refused.
     gone: Vec<bool>,
+    /// Processes that said goodbye.
+    bye: Vec<bool>,
     /// When this process last sent its heartbeat.
     beat: Instant,
     /// How long a process may stay silent (ms; 0 until a world sets it).
@@ -962,7 +1012,12 @@ struct Pump<'a> {
 }
 
 /// Serves until told to finish and its sends are done (or given up).
-fn pump<'a>(world: &'a SimpleCommunicator, commands: &Receiver<Command>, shared: &'a Shared) {
+fn pump<'a>(
+    world: &'a SimpleCommunicator,
+    generation: u64,
+    commands: &Receiver<Command>,
+    shared: &'a Shared,
+) {
     let processes = usize::try_from(world.size()).unwrap_or(1);
     let waiting = &shared.waiting;
     let mut p = Pump {
@@ -971,6 +1026,7 @@ fn pump<'a>(world: &'a SimpleCommunicator, commands: &Receiver<Command>, shared:
         pool: &shared.pool,
         cap: &shared.cap,
         me: usize::try_from(world.rank()).unwrap_or(0),
+        generation,
         refused: vec![false; processes],
         sending: Vec::new(),
         heads: Vec::new(),
@@ -980,6 +1036,7 @@ fn pump<'a>(world: &'a SimpleCommunicator, commands: &Receiver<Command>, shared:
         gone: (0..processes)
             .map(|q| i32::try_from(q).ok() == Some(world.rank()))
             .collect(),
+        bye: vec![false; processes],
         beat: Instant::now(),
         liveness: &shared.liveness,
     };
@@ -993,8 +1050,11 @@ fn pump<'a>(world: &'a SimpleCommunicator, commands: &Receiver<Command>, shared:
         busy |= p.receive();
         busy |= p.reap();
         p.keep_alive();
-        if let Some(since) = p.finish {
-            if p.sending.is_empty() || since.elapsed() > FINISH_FAILED {
+        // Every process's goodbye heard (each the last it sends here) and
+        // ours sent: nothing of this hub is left on the wire.
+        if let Some((since, limit)) = p.finish {
+            let heard = p.gone.iter().all(|&g| g);
+            if (p.sending.is_empty() && heard) || since.elapsed() > limit {
                 return;
             }
         }
@@ -1033,6 +1093,7 @@ impl Pump<'_> {
                 let mut first = self.heads.pop().unwrap_or_default();
                 first.clear();
                 first.extend_from_slice(&head);
+                self.stamp(&mut first);
                 for (tag, bytes) in [(TAG_HEAD, Outgoing::Bytes(first)), (TAG_BODY, body)] {
                     match raw::isend(self.world, to, tag, bytes) {
                         Ok(s) => self.sending.push(s),
@@ -1053,15 +1114,20 @@ impl Pump<'_> {
                 let now = Instant::now();
                 self.heard.iter_mut().for_each(|t| *t = now);
             }
-            Command::Finish => {
-                self.tell_all(Kind::Bye);
-                self.finish = Some(Instant::now());
+            Command::Finish(limit) => {
+                self.farewell();
+                self.finish = Some((Instant::now(), limit));
             }
             Command::Raw {
                 process,
                 tag,
-                bytes,
+                mut bytes,
             } => {
+                // A forged head is this hub's (else it would be dropped
+                // as another's, not refused).
+                if tag == TAG_HEAD && bytes.len() == HEAD {
+                    self.stamp(&mut bytes);
+                }
                 let to = i32::try_from(process).unwrap_or(i32::MAX);
                 match raw::isend(self.world, to, tag, Outgoing::Bytes(bytes)) {
                     Ok(s) => self.sending.push(s),
@@ -1091,6 +1157,29 @@ impl Pump<'_> {
             });
         }
         routes.refused.push((from, why));
+    }
+
+    /// Writes this hub's generation into `head`.
+    fn stamp(&self, head: &mut [u8]) {
+        stamp(head, self.generation);
+    }
+
+    /// Says goodbye to every other process that may still hear it: those
+    /// that said theirs too (they wait for ours), not those found silent
+    /// or refused.
+    fn farewell(&mut self) {
+        let head = encode_head(Kind::Bye, Route::default(), &[], 0, 0);
+        for q in 0..self.gone.len() {
+            let said = self.bye.get(q).copied().unwrap_or(false);
+            let gone = self.gone.get(q).copied().unwrap_or(true);
+            if q != self.me && (said || !gone) {
+                self.handle(Command::Send {
+                    process: q,
+                    head,
+                    body: Outgoing::Bytes(Vec::new()),
+                });
+            }
+        }
     }
 
     /// Sends `kind` (no route, no body) to every process not gone.
@@ -1175,8 +1264,22 @@ impl Pump<'_> {
             kind,
             len,
             token,
+            generation,
             header,
         } = decode_head(&self.head)?;
+        if generation != self.generation {
+            // An earlier communicator's, on its way when that was freed
+            // (`agree_generation`): not this world's, and no fault.
+            let (msg, _) = self.body_of(source)?;
+            raw::discard(msg);
+            tracing::debug!(
+                process = from,
+                generation,
+                ours = self.generation,
+                "MPI: a frame of an earlier communicator; dropped"
+            );
+            return Ok(());
+        }
         let most = kind.most(usize::try_from(self.cap.load(Ordering::Acquire)).unwrap_or(0));
         if len > most {
             return Err(format!(
@@ -1185,21 +1288,8 @@ impl Pump<'_> {
                 kind as u8
             ));
         }
-        // The body follows its head from the same process (MPI keeps their
-        // order; the sender posts both at once): it must come, and be the
-        // length the head said.
-        let due = crate::deadline::after(BODY_WAIT);
-        let (msg, status) = loop {
-            let next = self
-                .world
-                .process_at_rank(source)
-                .immediate_matched_probe_with_tag(TAG_BODY);
-            match next {
-                Some(m) => break m,
-                None if Instant::now() < due => std::thread::yield_now(),
-                None => return Err(format!("a head without its body within {BODY_WAIT:?}")),
-            }
-        };
+        // It must be the length the head said.
+        let (msg, status) = self.body_of(source)?;
         let count = usize::try_from(status.count(u8::equivalent_datatype())).ok();
         if count != Some(len) {
             raw::discard(msg);
@@ -1214,6 +1304,9 @@ impl Pump<'_> {
                 if kind == Kind::Bye {
                     if let Some(g) = self.gone.get_mut(from) {
                         *g = true;
+                    }
+                    if let Some(b) = self.bye.get_mut(from) {
+                        *b = true;
                     }
                 }
                 if let Arrived::Bytes(b) = body {
@@ -1241,6 +1334,23 @@ impl Pump<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The body that follows a head from `source`: MPI keeps their order,
+    /// and the sender posts both at once, so it must come.
+    fn body_of(&self, source: i32) -> Result<(Message, Status), String> {
+        let due = crate::deadline::after(BODY_WAIT);
+        loop {
+            let next = self
+                .world
+                .process_at_rank(source)
+                .immediate_matched_probe_with_tag(TAG_BODY);
+            match next {
+                Some(m) => return Ok(m),
+                None if Instant::now() < due => std::thread::yield_now(),
+                None => return Err(format!("a head without its body within {BODY_WAIT:?}")),
+            }
+        }
     }
 
     /// A receipt from process `from` for the send with `token`, which went
@@ -1426,6 +1536,31 @@ mod tests {
             assert!(h.kind == kind);
             assert_eq!(h.len, 1 << 20);
             assert_eq!(h.token, 0xfeed);
+            assert_eq!(h.generation, 0);
+            assert_eq!(h.header.as_slice(), header.as_slice());
+        }
+    }
+
+    /// The generation the MPI thread stamps on a head comes back from it,
+    /// and leaves the rest of the head as it was.
+    #[test]
+    fn wire_carries_the_generation_stamped_on_a_head() {
+        let route = Route {
+            group: 41,
+            epoch: 2,
+            to: 1,
+            from: 0,
+            lane: 0,
+        };
+        let header: Vec<u8> = (0..HEADER).map(|i| (255 - i) as u8).collect();
+        for generation in [1u64, 2, 0x0102_0304_0506_0708, u64::MAX] {
+            let mut head = encode_head(Kind::Data, route, &header, 4096, 9);
+            stamp(&mut head, generation);
+            let h = decode_head(&head).expect("a stamped head");
+            assert_eq!(h.generation, generation);
+            assert_eq!(h.route, route);
+            assert_eq!(h.len, 4096);
+            assert_eq!(h.token, 9);
             assert_eq!(h.header.as_slice(), header.as_slice());
         }
     }
