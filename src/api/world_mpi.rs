@@ -483,7 +483,7 @@ fn pass_failures_on(
                 // started here yet waits for it, one from a run left is stale.
                 departed.retain(|route| route.epoch >= now);
                 for route in departed.iter().filter(|r| r.epoch == now) {
-                    h.gone_elsewhere(usize::try_from(route.from).unwrap_or(usize::MAX));
+                    h.gone_elsewhere(now, usize::try_from(route.from).unwrap_or(usize::MAX));
                 }
                 departed.retain(|route| route.epoch != now);
                 later.retain(|(route, _)| route.epoch >= now);
@@ -509,8 +509,11 @@ fn pass_failures_on(
                 });
                 // A dead or refused process fails every run, this one and
                 // the next.
-                for (origin, error) in due.chain(dead.iter().cloned()) {
-                    h.fail_elsewhere(origin, error);
+                for (origin, error) in due {
+                    h.fail_elsewhere(Some(now), origin, error);
+                }
+                for (origin, error) in dead.iter().cloned() {
+                    h.fail_elsewhere(None, origin, error);
                 }
             }
         });

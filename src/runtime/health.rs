@@ -160,10 +160,17 @@ impl Health {
         self.alarm.raise();
     }
 
-    /// Marks `rank`, of another process, as finished (not passed on).
+    /// Marks `rank`, of another process, as finished in run `run` (not
+    /// passed on): only while that run is this one. Checked under the
+    /// lock `reset` starts a run under, so that a departure read before
+    /// a new run starts is never applied to it.
     #[cfg(feature = "mpi")]
-    pub(crate) fn gone_elsewhere(&self, rank: usize) {
-        self.gone_here(rank);
+    pub(crate) fn gone_elsewhere(&self, run: u32, rank: usize) {
+        let f = lock(&self.failure);
+        if self.runs() == run {
+            self.gone_here(rank);
+        }
+        drop(f);
     }
 
     /// Where departures of this process's ranks are passed on (set once).
@@ -185,18 +192,21 @@ impl Health {
     /// Records that rank `origin` failed with `error` (the first record
     /// wins), and passes it on to other processes' ranks.
     pub(crate) fn fail(&self, origin: usize, error: Error) {
-        self.record(origin, error, true);
+        self.record(origin, error, true, None);
     }
 
-    /// Records a failure another process passed on (not passed on again).
+    /// Records a failure another process passed on (not passed on again):
+    /// one of run `run` only while that run is this one (as
+    /// `gone_elsewhere`), one with no run (a process dead or refused) in
+    /// any.
     #[cfg(feature = "mpi")]
-    pub(crate) fn fail_elsewhere(&self, origin: usize, error: Error) {
-        self.record(origin, error, false);
+    pub(crate) fn fail_elsewhere(&self, run: Option<u32>, origin: usize, error: Error) {
+        self.record(origin, error, false, run);
     }
 
-    fn record(&self, origin: usize, error: Error, announce: bool) {
+    fn record(&self, origin: usize, error: Error, announce: bool, run: Option<u32>) {
         let mut f = lock(&self.failure);
-        if f.is_some() {
+        if f.is_some() || run.is_some_and(|r| r != self.runs()) {
             return;
         }
         // An abort is asked for, not a failure to investigate, and each
@@ -246,8 +256,9 @@ impl Health {
         let mut f = lock(&self.failure);
         *f = None;
         self.runs.fetch_add(1, Ordering::AcqRel);
-        drop(f);
+        // Under the lock: a departure of the new run, early, is kept.
         self.clear_gone();
+        drop(f);
         self.flight.clear();
         self.claims.clear();
     }
@@ -394,5 +405,48 @@ impl Health {
                 flight: self.flight.report(),
             },
         })
+    }
+}
+
+#[cfg(all(test, feature = "mpi"))]
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "a test: small sizes, a failed expectation is a failed test"
+)]
+mod tests {
+    use super::*;
+
+    fn failed_elsewhere(origin: usize) -> Error {
+        Error::PeerFailed {
+            rank: origin,
+            seq: 0,
+            doing: String::new(),
+            peer: origin,
+            reason: "a test's".into(),
+            flight: String::new(),
+        }
+    }
+
+    /// What another process says of a run (a rank returned, a rank
+    /// failed) counts only in that run: said of the run before, it is
+    /// stale, though read before this run began; a process dead counts in
+    /// every run.
+    #[test]
+    fn news_from_another_process_counts_only_in_its_run() {
+        let h = Health::new(vec![Some(0), Some(0), None, None], 4, None);
+        h.reset();
+        let run = h.runs();
+        h.gone_elsewhere(run - 1, 2);
+        assert!(!h.is_gone(2), "a departure of the run before was applied");
+        h.fail_elsewhere(Some(run - 1), 3, failed_elsewhere(3));
+        assert!(!h.failed(), "a failure of the run before was recorded");
+        h.gone_elsewhere(run, 2);
+        assert!(h.is_gone(2) && !h.is_gone(3));
+        h.fail_elsewhere(Some(run), 3, failed_elsewhere(3));
+        assert!(h.failed());
+        h.reset();
+        assert!(!h.is_gone(2) && !h.failed());
+        h.fail_elsewhere(None, 2, failed_elsewhere(2));
+        assert!(h.failed(), "a dead process's failure was not recorded");
     }
 }
