@@ -1168,25 +1168,21 @@ impl Pump<'_> {
     /// that said theirs too (they wait for ours), not those found silent
     /// or refused.
     fn farewell(&mut self) {
-        let head = encode_head(Kind::Bye, Route::default(), &[], 0, 0);
-        for q in 0..self.gone.len() {
-            let said = self.bye.get(q).copied().unwrap_or(false);
-            let gone = self.gone.get(q).copied().unwrap_or(true);
-            if q != self.me && (said || !gone) {
-                self.handle(Command::Send {
-                    process: q,
-                    head,
-                    body: Outgoing::Bytes(Vec::new()),
-                });
-            }
-        }
+        self.tell(Kind::Bye, |p, q| {
+            p.bye.get(q).copied().unwrap_or(false) || !p.gone.get(q).copied().unwrap_or(true)
+        });
     }
 
     /// Sends `kind` (no route, no body) to every process not gone.
     fn tell_all(&mut self, kind: Kind) {
+        self.tell(kind, |p, q| !p.gone.get(q).copied().unwrap_or(true));
+    }
+
+    /// Sends `kind` (no route, no body) to every other process `to` names.
+    fn tell(&mut self, kind: Kind, to: impl Fn(&Self, usize) -> bool) {
         let head = encode_head(kind, Route::default(), &[], 0, 0);
         for q in 0..self.gone.len() {
-            if !self.gone.get(q).copied().unwrap_or(true) {
+            if q != self.me && to(self, q) {
                 self.handle(Command::Send {
                     process: q,
                     head,
