@@ -5,7 +5,6 @@
 //! figures the planner decides from measured on rank 0's device.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::api::placement::Placement;
 use crate::api::world::{MAX_RANKS, WorldConfig};
@@ -64,7 +63,7 @@ pub(crate) fn devices_on(
     placement: Placement,
     config: &WorldConfig,
 ) -> Result<Vec<Arc<RankDevice>>> {
-    let wants = config.wants();
+    let wants = config.wants()?;
     let mut devices: Vec<Arc<RankDevice>> = Vec::with_capacity(ranks.len());
     // The device already made on each adapter, for ranks to share.
     let mut on_adapter: Vec<Option<Arc<RankDevice>>> = vec![None; adapters.len()];
@@ -97,13 +96,14 @@ pub(crate) fn devices_on(
 /// placement).
 pub(crate) fn adopt(
     devices: Vec<(wgpu::Device, wgpu::Queue)>,
-    timeout: Duration,
+    config: &WorldConfig,
 ) -> Result<Vec<Arc<RankDevice>>> {
+    let import = config.wants()?.import;
     let mut made: Vec<Arc<RankDevice>> = Vec::with_capacity(devices.len());
     for (rank, (device, queue)) in devices.into_iter().enumerate() {
         let dev = match made.iter().find(|d| d.device == device) {
             Some(d) => d.share(rank),
-            None => RankDevice::adopt(rank, device, queue, timeout)?,
+            None => RankDevice::adopt(rank, device, queue, config.timeout(), import)?,
         };
         made.push(dev);
     }

@@ -4,6 +4,7 @@
 pub(crate) mod bootstrap;
 pub(crate) mod comm;
 pub(crate) mod group;
+pub(crate) mod host_link;
 pub(crate) mod placement;
 pub(crate) mod tune;
 pub(crate) mod work;

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
+use crate::api::host_link::HostLink;
 use crate::api::placement::Placement;
 use crate::api::tune::{Tune, Tuned, cache};
-use crate::device::{RankDevice, Wants};
+use crate::device::{Import, RankDevice, Wants};
 use crate::error::{Error, Result, panic_message};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::flight::FlightRecord;
@@ -45,6 +46,7 @@ pub struct WorldConfig {
     flight_depth: Option<usize>,
     flight_dump: Option<std::path::PathBuf>,
     placement: Option<Placement>,
+    host_link: Option<HostLink>,
     tune: Option<Tune>,
     tune_cache: Option<PathBuf>,
     tune_table: Option<String>,
@@ -80,6 +82,7 @@ impl WorldConfig {
             flight_depth: None,
             flight_dump: None,
             placement: None,
+            host_link: None,
             tune: None,
             tune_cache: None,
             tune_table: None,
@@ -102,6 +105,23 @@ impl WorldConfig {
         match self.placement {
             Some(p) => Ok(p),
             None => Placement::from_env(),
+        }
+    }
+
+    /// What carries bytes between ranks on separate devices (default: the
+    /// `WGPU_COLLECTIVES_HOST_LINK` environment variable, else
+    /// [`HostLink::Auto`]: host memory both devices map, where they can).
+    /// Forcing [`HostLink::Mapped`] on devices that cannot import host
+    /// memory makes the world an [`Error::InvalidArgument`] saying why.
+    pub fn with_host_link(mut self, link: HostLink) -> Self {
+        self.host_link = Some(link);
+        self
+    }
+
+    pub(crate) fn host_link(&self) -> Result<HostLink> {
+        match self.host_link {
+            Some(l) => Ok(l),
+            None => HostLink::from_env(),
         }
     }
 
@@ -384,11 +404,16 @@ impl WorldConfig {
         self.timeout
     }
 
-    pub(crate) fn wants(&self) -> Wants {
-        Wants {
+    pub(crate) fn wants(&self) -> Result<Wants> {
+        Ok(Wants {
             features: self.required_features,
             limits: self.required_limits.clone(),
-        }
+            import: match self.host_link()? {
+                HostLink::Auto => Import::IfAble,
+                HostLink::Mapped => Import::Required,
+                HostLink::Staging => Import::Never,
+            },
+        })
     }
 
     pub(crate) fn algorithm(&self) -> Result<Algorithm> {
@@ -615,7 +640,7 @@ impl World {
                 ),
             });
         }
-        let made = adopt(devices, config.timeout)?;
+        let made = adopt(devices, &config)?;
         Self::assemble(None, made, &config)
     }
 
@@ -1158,6 +1183,7 @@ mod tests {
         let wants = Wants {
             features: wgpu::Features::empty(),
             limits: None,
+            import: Import::IfAble,
         };
         let devices = (0..n)
             .map(|r| RankDevice::new(r, &adapters[r % adapters.len()], config.timeout, &wants))

@@ -14,6 +14,7 @@
 //! Submitting and polling belong to the device's owner (`owner.rs`).
 
 pub(crate) mod direct;
+pub(crate) mod hostmem;
 pub(crate) mod kernels;
 mod owner;
 pub(crate) mod tensor;
@@ -33,6 +34,20 @@ pub(crate) use owner::{OnDone, Signal, Ticket};
 pub(crate) struct Wants {
     pub features: wgpu::Features,
     pub limits: Option<wgpu::Limits>,
+    /// Whether the device imports host memory (see `hostmem.rs`).
+    pub import: Import,
+}
+
+/// Whether a device is to import host memory, which hops between separate
+/// devices then go through (see `hostmem.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Import {
+    /// Where the adapter and device can.
+    IfAble,
+    /// Always: a device that cannot is an error saying why.
+    Required,
+    /// Never: hops are staged.
+    Never,
 }
 
 /// One rank's handle to a device: the rank (for errors and for telling
@@ -78,6 +93,10 @@ pub(crate) struct Core {
     pub unified: bool,
     /// Whether passes can write GPU timestamps (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
+    /// The alignment of host memory this device imports, when hops to and
+    /// from it go through host memory both ends map; else why they are
+    /// staged.
+    pub imports: std::result::Result<u64, String>,
     /// Submits, and learns when submissions complete.
     owner: Owner,
 }
@@ -132,22 +151,49 @@ impl RankDevice {
         }
         // For the profile's kernel times; never required.
         required_features |= adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        let desc = wgpu::DeviceDescriptor {
             label: Some(&format!("rank {rank}")),
             required_features,
             required_limits: limits,
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| {
+        };
+        let failed = |e: String| {
             Error::device(
                 rank,
                 None,
                 format!("requesting a device on {}: {e}", info.name),
             )
-        })?;
-        Self::build(rank, device, queue, Some(adapter.clone()), true, timeout)
+        };
+        // With host memory imports where the adapter has them.
+        let opened = match wants.import {
+            Import::Never => None,
+            Import::IfAble => hostmem::request_device(adapter, &desc).ok(),
+            Import::Required => Some(hostmem::request_device(adapter, &desc).map_err(|why| {
+                Error::InvalidArgument {
+                    rank: Some(rank),
+                    what: format!(
+                        "mapped host links were asked for (WorldConfig::with_host_link or \
+                         WGPU_COLLECTIVES_HOST_LINK=mapped), but {why}"
+                    ),
+                }
+            })?),
+        };
+        let (device, queue) = match opened {
+            Some(d) => d,
+            None => pollster::block_on(adapter.request_device(&desc))
+                .map_err(|e| failed(e.to_string()))?,
+        };
+        Self::build(
+            rank,
+            device,
+            queue,
+            Some(adapter.clone()),
+            true,
+            timeout,
+            wants.import,
+        )
     }
 
     /// Adopts a device the user made: whatever features and limits it has
@@ -158,8 +204,9 @@ impl RankDevice {
         device: wgpu::Device,
         queue: wgpu::Queue,
         timeout: Duration,
+        import: Import,
     ) -> Result<Arc<RankDevice>> {
-        Self::build(rank, device, queue, None, false, timeout)
+        Self::build(rank, device, queue, None, false, timeout, import)
     }
 
     fn build(
@@ -169,8 +216,24 @@ impl RankDevice {
         adapter: Option<wgpu::Adapter>,
         owned: bool,
         timeout: Duration,
+        import: Import,
     ) -> Result<Arc<RankDevice>> {
         let info = device.adapter_info();
+        let imports = match import {
+            Import::Never => Err("staging was asked for (WGPU_COLLECTIVES_HOST_LINK=staging \
+                                  or WorldConfig::with_host_link)"
+                .to_string()),
+            _ => hostmem::device_alignment(&device),
+        };
+        if let (Import::Required, Err(why)) = (import, &imports) {
+            return Err(Error::InvalidArgument {
+                rank: Some(rank),
+                what: format!(
+                    "mapped host links were asked for (WorldConfig::with_host_link or \
+                     WGPU_COLLECTIVES_HOST_LINK=mapped), but on rank {rank}'s device {why}"
+                ),
+            });
+        }
         let features = device.features();
         let unified =
             host_memory(&info) && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
@@ -202,6 +265,7 @@ impl RankDevice {
                 direct: direct::DirectKernels::default(),
                 unified,
                 timestamps,
+                imports,
                 owner,
             }),
         }))

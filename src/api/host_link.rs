@@ -1,0 +1,75 @@
+//! How bytes cross between ranks on separate devices of one process.
+//!
+//! Separate devices share no memory wgpu knows of, so a hop between them
+//! crosses host memory. Where both devices can import host memory
+//! (`VK_EXT_external_memory_host`, every current Vulkan driver), a hop's
+//! bytes go through host memory both devices map: the sender's device
+//! writes it, the receiver's kernels read it in place (NCCL's SHM
+//! transport). Elsewhere (Metal, DX12, GL, a device opened without the
+//! extension) they are staged: copied into a mapped buffer, out of it on
+//! the host, and uploaded again.
+
+use crate::error::{Error, Result};
+
+/// What carries bytes between ranks on separate devices
+/// ([`WorldConfig::with_host_link`](crate::WorldConfig::with_host_link),
+/// or `WGPU_COLLECTIVES_HOST_LINK=auto|mapped|staging`).
+///
+/// ```
+/// use wgpu_collectives::{HostLink, WorldConfig};
+///
+/// let config = WorldConfig::new(4).with_host_link(HostLink::Staging);
+/// assert_eq!(HostLink::parse("mapped"), Some(HostLink::Mapped));
+/// # let _ = config;
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostLink {
+    /// Mapped where every device of the world can import host memory,
+    /// else staged.
+    #[default]
+    Auto,
+    /// Host memory both devices import: no map, no memcpy, no staging. A
+    /// world whose devices cannot import it is refused, saying why.
+    Mapped,
+    /// Through mapped staging buffers and host copies, as on any backend.
+    Staging,
+}
+
+impl HostLink {
+    /// Parses `auto`, `mapped` or `staging`.
+    pub fn parse(s: &str) -> Option<HostLink> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(HostLink::Auto),
+            "mapped" => Some(HostLink::Mapped),
+            "staging" | "staged" => Some(HostLink::Staging),
+            _ => None,
+        }
+    }
+
+    /// The name [`HostLink::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostLink::Auto => "auto",
+            HostLink::Mapped => "mapped",
+            HostLink::Staging => "staging",
+        }
+    }
+
+    /// `WGPU_COLLECTIVES_HOST_LINK`, else `Auto`.
+    pub(crate) fn from_env() -> Result<HostLink> {
+        match std::env::var("WGPU_COLLECTIVES_HOST_LINK") {
+            Ok(s) if !s.is_empty() => HostLink::parse(&s).ok_or_else(|| Error::InvalidArgument {
+                rank: None,
+                what: format!("WGPU_COLLECTIVES_HOST_LINK={s:?}: expected auto, mapped or staging"),
+            }),
+            _ => Ok(HostLink::Auto),
+        }
+    }
+}
+
+impl std::fmt::Display for HostLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
