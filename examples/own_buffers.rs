@@ -23,8 +23,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &instance, None,
     ))?;
     println!("adapter: {}", adapter.get_info().name);
+    // Through the engine's helper, so that ranks on separate devices can
+    // share host memory (it falls back to `adapter.request_device`).
     let devices = (0..RANKS)
-        .map(|_| pollster::block_on(adapter.request_device(&Default::default())))
+        .map(|_| wgpu_collectives::request_device(&adapter, &Default::default()))
         .collect::<Result<Vec<_>, _>>()?;
     let world = World::from_devices(devices, WorldConfig::new(RANKS))?;
 

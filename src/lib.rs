@@ -92,7 +92,7 @@ pub use wgpu;
 
 pub use api::comm::Communicator;
 pub use api::group::Group;
-pub use api::host_link::HostLink;
+pub use api::host_link::{HostLink, request_device};
 pub use api::placement::Placement;
 pub use api::tune::Tune;
 pub use api::work::Work;

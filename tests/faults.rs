@@ -33,7 +33,7 @@ fn world(n: usize, placement: Placement, users: bool) -> World {
     }
     let adapter = common::user_adapter();
     let make = || {
-        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+        wgpu_collectives::request_device(&adapter, &wgpu::DeviceDescriptor::default())
             .expect("a device")
     };
     let devices = if placement == Placement::SharedDevice {
@@ -201,7 +201,7 @@ fn a_buffer_taken_from_a_tensor_is_never_handed_out_again() {
 /// Two ranks on one device, as `from_devices` is given it twice.
 fn one_device_world(placement: Placement) -> World {
     let adapter = common::user_adapter();
-    let d = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+    let d = wgpu_collectives::request_device(&adapter, &wgpu::DeviceDescriptor::default())
         .expect("a device");
     World::from_devices(vec![d.clone(), d], config(2, placement)).expect("a world")
 }
@@ -409,7 +409,7 @@ fn the_shared_placement_on_separate_devices_is_refused() {
     let adapter = common::user_adapter();
     let devices: Vec<_> = (0..2)
         .map(|_| {
-            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+            wgpu_collectives::request_device(&adapter, &wgpu::DeviceDescriptor::default())
                 .expect("a device")
         })
         .collect();

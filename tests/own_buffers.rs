@@ -20,7 +20,7 @@ fn user_devices(n: usize) -> Vec<(wgpu::Device, wgpu::Queue)> {
     let adapter = common::user_adapter();
     (0..n)
         .map(|_| {
-            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+            wgpu_collectives::request_device(&adapter, &wgpu::DeviceDescriptor::default())
                 .expect("a device with default features and limits")
         })
         .collect()

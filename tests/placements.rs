@@ -181,8 +181,9 @@ fn one_user_device(
     wgpu_collectives::wgpu::Device,
     wgpu_collectives::wgpu::Queue,
 )> {
-    let (device, queue) = pollster::block_on(
-        user_adapter().request_device(&wgpu_collectives::wgpu::DeviceDescriptor::default()),
+    let (device, queue) = wgpu_collectives::request_device(
+        &user_adapter(),
+        &wgpu_collectives::wgpu::DeviceDescriptor::default(),
     )
     .expect("a device with default features and limits");
     (0..n).map(|_| (device.clone(), queue.clone())).collect()
@@ -323,10 +324,13 @@ fn the_direct_kernels_cover_parts_longer_than_one_dispatch_dimension() {
         max_compute_workgroups_per_dimension: 4,
         ..adapter.limits()
     };
-    let d = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_limits: limits,
-        ..Default::default()
-    }))
+    let d = wgpu_collectives::request_device(
+        &adapter,
+        &wgpu::DeviceDescriptor {
+            required_limits: limits,
+            ..Default::default()
+        },
+    )
     .expect("a device with few workgroups per dimension");
     let w = World::from_devices(
         vec![d.clone(), d.clone(), d],

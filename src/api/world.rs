@@ -496,6 +496,8 @@ pub struct World {
     pub(crate) tuned: Option<Tuned>,
     /// Set while a `run` is in progress (see [`World::run`]).
     running: AtomicBool,
+    /// What carries hops between ranks on separate devices.
+    host_link: Option<HostLink>,
     /// The placement in force: `SharedDevice` when every rank shares one
     /// device and collectives run there, else `DevicePerRank`.
     placement: Placement,
@@ -744,6 +746,33 @@ impl World {
         Ok(n > 1 && asked != Placement::DevicePerRank && together)
     }
 
+    /// What carries hops between this process's ranks on separate
+    /// devices (`None` when they share one): mapped where every device
+    /// imports host memory and staging was not asked for; forcing mapped
+    /// where a device cannot is refused, naming the device and why.
+    fn host_link_of(
+        config: &WorldConfig,
+        devices: &[Arc<RankDevice>],
+        shared: bool,
+    ) -> Result<Option<HostLink>> {
+        if shared {
+            return Ok(None);
+        }
+        let cannot = devices.iter().find_map(|d| d.imports.as_ref().err().map(|why| (d.rank, why)));
+        match (config.host_link()?, cannot) {
+            (HostLink::Mapped, Some((rank, why))) => Err(Error::InvalidArgument {
+                rank: Some(rank),
+                what: format!(
+                    "mapped host links were asked for (WorldConfig::with_host_link or \
+                     WGPU_COLLECTIVES_HOST_LINK=mapped), but rank {rank}'s device cannot \
+                     import host memory: {why}"
+                ),
+            }),
+            (_, None) => Ok(Some(HostLink::Mapped)),
+            (_, Some(_)) => Ok(Some(HostLink::Staging)),
+        }
+    }
+
     pub(crate) fn assemble_with(
         instance: Option<wgpu::Instance>,
         devices: Vec<Arc<RankDevice>>,
@@ -815,6 +844,7 @@ impl World {
                 ),
             });
         }
+        let host_link = Self::host_link_of(config, &devices, shared)?;
         for d in devices.iter().filter(|_| !config.quiet) {
             tracing::info!(
                 rank = d.rank,
@@ -822,8 +852,9 @@ impl World {
                 backend = ?d.info.backend,
                 device = if d.adapter.is_some() { "made by the engine" } else { "the user's" },
                 placement = placement.name(),
-                transport = transport_name(placement),
+                transport = transport_name(placement, host_link),
                 loans = d.unified,
+                imports = ?d.imports,
                 "world: rank device"
             );
         }
@@ -859,6 +890,7 @@ impl World {
             .collect::<Result<Vec<_>>>()?;
         Ok(World {
             placement,
+            host_link,
             instance,
             comms,
             base,
@@ -896,9 +928,24 @@ impl World {
     pub fn transport(&self) -> &'static str {
         #[cfg(feature = "mpi")]
         if self.hub.is_some() {
-            return "MPI between processes; in-process channels, host staging within one";
+            return match self.host_link {
+                None => "MPI between processes; a shared device within one",
+                Some(HostLink::Mapped) => {
+                    "MPI between processes; host memory both devices map within one"
+                }
+                Some(_) => "MPI between processes; in-process channels, host staging within one",
+            };
         }
-        transport_name(self.placement)
+        transport_name(self.placement, self.host_link)
+    }
+
+    /// What carries this process's hops between ranks on separate devices:
+    /// [`HostLink::Mapped`] (host memory both devices import) or
+    /// [`HostLink::Staging`] (mapped staging buffers and host copies), as
+    /// [`WorldConfig::with_host_link`] and the devices decided it; `None`
+    /// where the ranks share one device and no hop crosses the host.
+    pub fn host_link(&self) -> Option<HostLink> {
+        self.host_link
     }
 
     /// Number of ranks (in every process, for a world over MPI).
@@ -1111,9 +1158,10 @@ impl World {
 }
 
 /// What every world needs of its config: a rank count in range and a timeout.
-fn transport_name(placement: Placement) -> &'static str {
-    match placement {
-        Placement::SharedDevice => "shared device (kernels read peers' buffers, no host copy)",
+fn transport_name(placement: Placement, link: Option<HostLink>) -> &'static str {
+    match (placement, link) {
+        (Placement::SharedDevice, _) => "shared device (kernels read peers' buffers, no host copy)",
+        (_, Some(HostLink::Mapped)) => "in-process channels, host memory both devices map",
         _ => "in-process channels, host staging",
     }
 }

@@ -181,29 +181,9 @@ impl HostMemory {
         self.layout.size() as u64
     }
 
-    /// Copies the first `len` bytes to the end of `out`. The caller has
-    /// waited for the submission that wrote them, and no device writes
-    /// them until this returns (the slot's holds say so).
-    pub(crate) fn read_into(&self, len: usize, out: &mut Vec<u8>) -> Result<(), String> {
-        if len > self.layout.size() {
-            return Err(format!(
-                "reading {len} bytes of a {}-byte host allocation",
-                self.layout.size()
-            ));
-        }
-        out.reserve(len);
-        // SAFETY: `len` bytes are in the allocation (checked) and `out`
-        // has room for `len` more, written before its length grows over
-        // them. The bytes are not written meanwhile (the caller's contract).
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), out.as_mut_ptr().add(out.len()), len);
-            out.set_len(out.len().saturating_add(len));
-        }
-        Ok(())
-    }
-
-    /// The first `len` bytes, for a caller that sends them (as
-    /// [`Self::read_into`], for as long as the borrow lives).
+    /// The first `len` bytes. The caller has waited for the submission
+    /// that wrote them, and no device writes them while the borrow lives
+    /// (the slot's holds say so).
     pub(crate) fn bytes(&self, len: usize) -> Result<&[u8], String> {
         if len > self.layout.size() {
             return Err(format!(
@@ -415,8 +395,7 @@ mod tests {
         let got: Vec<u32> =
             bytemuck::cast_slice(&back.slice(..).get_mapped_range().expect("view")).to_vec();
         assert_eq!(got, words);
-        let mut host = Vec::new();
-        mem.read_into(64, &mut host).expect("read");
+        let host = mem.bytes(64).expect("read");
         assert_eq!(host, bytemuck::cast_slice::<u32, u8>(&words[..16]));
         // The memory outlives both imports, however they are dropped.
         drop(mem);

@@ -166,34 +166,26 @@ impl RankDevice {
                 format!("requesting a device on {}: {e}", info.name),
             )
         };
-        // With host memory imports where the adapter has them.
-        let opened = match wants.import {
-            Import::Never => None,
-            Import::IfAble => hostmem::request_device(adapter, &desc).ok(),
-            Import::Required => Some(hostmem::request_device(adapter, &desc).map_err(|why| {
-                Error::InvalidArgument {
-                    rank: Some(rank),
-                    what: format!(
-                        "mapped host links were asked for (WorldConfig::with_host_link or \
-                         WGPU_COLLECTIVES_HOST_LINK=mapped), but {why}"
-                    ),
-                }
-            })?),
+        // With host memory imports where the adapter has them; whether
+        // a world may go without is the world's to say (ranks that share
+        // one device need none).
+        let (opened, refused) = match wants.import {
+            Import::Never => (None, None),
+            Import::IfAble | Import::Required => match hostmem::request_device(adapter, &desc) {
+                Ok(d) => (Some(d), None),
+                Err(why) => (None, Some(why)),
+            },
         };
         let (device, queue) = match opened {
             Some(d) => d,
             None => pollster::block_on(adapter.request_device(&desc))
                 .map_err(|e| failed(e.to_string()))?,
         };
-        Self::build(
-            rank,
-            device,
-            queue,
-            Some(adapter.clone()),
-            true,
-            timeout,
-            wants.import,
-        )
+        let import = match refused {
+            Some(why) => Err(why),
+            None => Ok(wants.import),
+        };
+        Self::build(rank, device, queue, Some(adapter.clone()), true, timeout, import)
     }
 
     /// Adopts a device the user made: whatever features and limits it has
@@ -206,7 +198,7 @@ impl RankDevice {
         timeout: Duration,
         import: Import,
     ) -> Result<Arc<RankDevice>> {
-        Self::build(rank, device, queue, None, false, timeout, import)
+        Self::build(rank, device, queue, None, false, timeout, Ok(import))
     }
 
     fn build(
@@ -216,24 +208,17 @@ impl RankDevice {
         adapter: Option<wgpu::Adapter>,
         owned: bool,
         timeout: Duration,
-        import: Import,
+        import: std::result::Result<Import, String>,
     ) -> Result<Arc<RankDevice>> {
         let info = device.adapter_info();
+        // `Err`: why the device was opened without imports.
         let imports = match import {
-            Import::Never => Err("staging was asked for (WGPU_COLLECTIVES_HOST_LINK=staging \
-                                  or WorldConfig::with_host_link)"
+            Err(why) => Err(why),
+            Ok(Import::Never) => Err("staging was asked for (WorldConfig::with_host_link or \
+                                      WGPU_COLLECTIVES_HOST_LINK=staging)"
                 .to_string()),
-            _ => hostmem::device_alignment(&device),
+            Ok(_) => hostmem::device_alignment(&device),
         };
-        if let (Import::Required, Err(why)) = (import, &imports) {
-            return Err(Error::InvalidArgument {
-                rank: Some(rank),
-                what: format!(
-                    "mapped host links were asked for (WorldConfig::with_host_link or \
-                     WGPU_COLLECTIVES_HOST_LINK=mapped), but on rank {rank}'s device {why}"
-                ),
-            });
-        }
         let features = device.features();
         let unified =
             host_memory(&info) && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);

@@ -12,7 +12,7 @@ use crate::deadline::Ring;
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::waiter::Waiter;
-use crate::transport::local::LoanError;
+use crate::transport::local::{LoanError, LoanView};
 use crate::transport::{Body, Lane, Loan, Mapped, Transport, Verdict};
 
 /// A rank's links, as the runtime uses them: packets headed by the
@@ -30,10 +30,15 @@ pub(crate) fn post(link: &Link, peer: usize, lane: Lane, packet: Packet, w: &Wai
         Body::Loan(loan) if !link.carries_loans(peer) => {
             let view = read_loan(&loan, packet.from, w)?;
             let body = if link.takes_mapped(peer) {
-                Body::Mapped(Mapped::new(view, loan))
+                let view = match view {
+                    LoanView::Mapped(v) => Some(v),
+                    LoanView::Host(_) => None,
+                };
+                Body::Mapped(Mapped::new(view, loan).map_err(|why| w.device_error(why))?)
             } else {
                 let mut data = link.buffer();
                 data.extend_from_slice(&view);
+                drop(view);
                 Body::Bytes(data)
             };
             Packet { body, ..packet }
@@ -141,8 +146,19 @@ pub(crate) fn take(
 /// owner's device fail, the owner may be waiting on someone else and
 /// never see it: the failure is recorded as the owner's, for the whole
 /// group, and this rank reports `PeerFailed`, naming it.
-pub(crate) fn read_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<wgpu::BufferView> {
-    loan.read(&w.patience()).or_else(|e| match e {
+pub(crate) fn read_loan<'a>(loan: &'a Loan, owner: usize, w: &Waiter) -> Result<LoanView<'a>> {
+    loan.read(&w.patience()).or_else(|e| owner_failed(e, owner, w))
+}
+
+/// Waits until the bytes of a loan in host memory from `owner` have
+/// landed, as [`read_loan`].
+pub(crate) fn wait_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<()> {
+    loan.filled(&w.patience()).or_else(|e| owner_failed(e, owner, w))
+}
+
+/// A loan that could not be read: the wait's end, or the owner's failure.
+fn owner_failed<T>(e: LoanError, owner: usize, w: &Waiter) -> Result<T> {
+    match e {
         LoanError::Wait(e) => Err(e),
         LoanError::Owner(why) => {
             let what = format!(
@@ -154,7 +170,7 @@ pub(crate) fn read_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<wgpu::B
             w.health.check(w.rank, &w.fp)?;
             Err(w.device_error(format!("reading a buffer lent by rank {owner}: {why}")))
         }
-    })
+    }
 }
 
 /// Gives a packet's bytes back to the pool (a loan goes back to its owner

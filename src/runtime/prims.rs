@@ -359,6 +359,18 @@ impl<'a> Prims<'a> {
         reducer: Option<&Reducer>,
     ) -> Result<()> {
         match &p.body {
+            Body::Loan(loan) if self.stage.reads_in_place(loan) => {
+                // A slot in host memory this device imports: read where
+                // the lender's device wrote it.
+                let t = Instant::now();
+                hop::wait_loan(loan, p.from, &self.w)?;
+                self.took_wait(t);
+                let src = self.stage.read_in_place(loan).map_err(|why| {
+                    self.w
+                        .device_error(format!("importing a slot lent by rank {}: {why}", p.from))
+                })?;
+                self.absorb_resident(enc, span, &src, reducer)
+            }
             Body::Loan(loan) => {
                 let t = Instant::now();
                 let view = hop::read_loan(loan, p.from, &self.w)?;

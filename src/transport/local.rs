@@ -25,6 +25,7 @@ use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Ticket};
 use crate::error::Error;
 
+use super::mapped::HostSlot;
 use super::pool::Pool;
 use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
 
@@ -49,6 +50,28 @@ pub(crate) struct Loan {
     pub(crate) state: Arc<AtomicU8>,
     pub(crate) owner: Arc<RankDevice>,
     pub(crate) filled: Ticket,
+    /// The slot in host memory the buffer imports, on a mapped link: no
+    /// map then; readers wait for `filled` and read it in place.
+    pub(crate) host: Option<Arc<HostSlot>>,
+}
+
+/// A loan's bytes on the host.
+pub(crate) enum LoanView<'a> {
+    /// Through the lender's mapping.
+    Mapped(wgpu::BufferView),
+    /// In host memory the lender's device wrote.
+    Host(&'a [u8]),
+}
+
+impl std::ops::Deref for LoanView<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            LoanView::Mapped(v) => v,
+            LoanView::Host(b) => b,
+        }
+    }
 }
 
 /// Why a loan could not be read.
@@ -80,9 +103,50 @@ impl Loan {
         usize::try_from(self.bytes).unwrap_or(usize::MAX)
     }
 
+    /// Waits for the owner's submission that fills a slot in host memory.
+    pub(crate) fn filled(&self, p: &Patience) -> Result<(), LoanError> {
+        let mut owner_failed = None;
+        let bell: Arc<dyn Ring> = self.owner.map_signal();
+        let waited = p.until(
+            || format!("the lender's device to finish a slice of #{}", p.seq),
+            &bell,
+            |slice| {
+                if self.owner.is_done(self.filled) {
+                    return Ok(Some(true));
+                }
+                if slice.rung() {
+                    return Ok(None);
+                }
+                let seen = self.owner.generation();
+                match self.owner.wait_quietly(self.filled, seen, slice.limit) {
+                    Err(e) => {
+                        owner_failed = Some(e);
+                        Ok(Some(false))
+                    }
+                    Ok(_) => Ok(None),
+                }
+            },
+        );
+        match waited {
+            Err(e) => Err(LoanError::Wait(e)),
+            Ok(false) => Err(LoanError::Owner(
+                owner_failed.unwrap_or_else(|| "it failed".into()),
+            )),
+            Ok(true) => Ok(()),
+        }
+    }
+
     /// The lent bytes, once they have landed (waiting on the owner's device
     /// for them, with `p`'s deadline).
-    pub(crate) fn read(&self, p: &Patience) -> Result<wgpu::BufferView, LoanError> {
+    pub(crate) fn read(&self, p: &Patience) -> Result<LoanView<'_>, LoanError> {
+        if let Some(host) = &self.host {
+            self.filled(p)?;
+            return host
+                .mem()
+                .bytes(self.len())
+                .map(LoanView::Host)
+                .map_err(LoanError::Owner);
+        }
         let mut owner_failed = None;
         let bell: Arc<dyn Ring> = self.owner.map_signal();
         let waited = p.until(
@@ -125,6 +189,7 @@ impl Loan {
         // (it finished its own part and went on): the owner's failure too.
         self.buf
             .get_mapped_range(..self.bytes)
+            .map(LoanView::Mapped)
             .map_err(|e| LoanError::Owner(format!("reading it failed: {e}")))
     }
 }

@@ -19,6 +19,7 @@
 //! mapped buffers a slice goes through on its way off and onto a device.
 
 pub(crate) mod local;
+pub(crate) mod mapped;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 pub(crate) mod pool;
@@ -107,24 +108,36 @@ pub(crate) enum Body {
     Landed(staging::Landed),
 }
 
-/// A lent read-back buffer, mapped and read in place by the transport.
+/// A lent read-back buffer, mapped (or a slot in host memory), read in
+/// place by the transport.
 pub(crate) struct Mapped {
     /// Dropped before `loan` (field order): the owner unmaps the buffer
-    /// only once every loan of it is gone.
-    view: wgpu::BufferView,
-    _loan: Loan,
+    /// only once every loan of it is gone. `None` for a slot in host
+    /// memory, read through the loan.
+    view: Option<wgpu::BufferView>,
+    loan: Loan,
 }
 
 impl Mapped {
-    /// `view` is `loan`'s mapping.
-    pub(crate) fn new(view: wgpu::BufferView, loan: Loan) -> Mapped {
-        Mapped { view, _loan: loan }
+    /// `view` is `loan`'s mapping, or `None` where the loan is a slot in
+    /// host memory whose filling submission is done.
+    pub(crate) fn new(view: Option<wgpu::BufferView>, loan: Loan) -> Result<Mapped, String> {
+        if view.is_none() {
+            let host = loan.host.as_ref().ok_or("a lent buffer without its mapping")?;
+            host.mem().bytes(loan.len())?;
+        }
+        Ok(Mapped { view, loan })
     }
 }
 
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
-        &self.view
+        match (&self.view, &self.loan.host) {
+            (Some(v), _) => v,
+            // In range: `new` checked.
+            (None, Some(h)) => h.mem().bytes(self.loan.len()).unwrap_or_default(),
+            (None, None) => &[],
+        }
     }
 }
 

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::deadline::{Patience, Ring};
 use crate::device::{RankDevice, Signal, Ticket};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use super::local::{Loan, MAP_FAILED, MAP_PENDING, MAP_READY};
+use super::mapped::HostSlot;
 
 /// A mappable staging buffer and the state of its last map request.
 struct Staging {
@@ -42,6 +43,16 @@ impl Staging {
             last_use: None,
             signal: dev.map_signal(),
         })
+    }
+
+    /// An import of host memory, used as it is (never mapped).
+    fn imported(dev: &RankDevice, buf: wgpu::Buffer) -> Staging {
+        Staging {
+            buf,
+            state: Arc::new(AtomicU8::new(MAP_READY)),
+            last_use: None,
+            signal: dev.map_signal(),
+        }
     }
 
     /// Asks for the buffer to be mapped once the submission being encoded completes.
@@ -101,7 +112,11 @@ const LEND_SLOTS: usize = 4;
 
 /// A read-back buffer that is lent out, and the count of its holders.
 struct LendSlot {
+    /// The buffer the lender copies into: mapped for reading, or its
+    /// import of `host` (never mapped then).
     staging: Staging,
+    /// On a mapped link, the slot in host memory that `staging` imports.
+    host: Option<Arc<HostSlot>>,
     hold: Arc<()>,
     /// Set while the owner waits for the last borrower to let go, so that
     /// only then does a dropped loan wake it.
@@ -125,6 +140,9 @@ pub(crate) struct Stager {
     /// Where bytes from another process land (see [`Landing`]), made with
     /// the other buffers where ring steps lend.
     landing: Option<Arc<Landing>>,
+    /// Loans in host memory read in place by the submission being
+    /// encoded: told its ticket once it is submitted.
+    reading: Vec<Loan>,
 }
 
 impl Stager {
@@ -142,12 +160,31 @@ impl Stager {
             next_lend: 0,
             lend_armed: None,
             landing: None,
+            reading: Vec::with_capacity(LEND_SLOTS),
         }
     }
 
-    /// Whether ring steps lend their read-back buffers (see the module docs).
+    /// Whether ring steps lend their read-back buffers (see the module
+    /// docs): where kernels read mapped buffers, or hops go through host
+    /// memory both devices import.
     pub(crate) fn lends(&self) -> bool {
-        self.dev.unified
+        self.dev.unified || self.dev.imports.is_ok()
+    }
+
+    /// Whether a rank can read `loan` in place: it is a slot in host
+    /// memory, and this device imports host memory too.
+    pub(crate) fn reads_in_place(&self, loan: &Loan) -> bool {
+        loan.host.is_some() && self.dev.imports.is_ok()
+    }
+
+    /// `loan`'s slot on this device, for the submission being encoded to
+    /// read in place: its lender writes it again only once that
+    /// submission is done.
+    pub(crate) fn read_in_place(&mut self, loan: &Loan) -> std::result::Result<wgpu::Buffer, String> {
+        let host = loan.host.as_ref().ok_or("a loan read in place without host memory")?;
+        let buf = host.on(&self.dev)?;
+        self.reading.push(loan.clone());
+        Ok(buf)
     }
 
     /// Starts the next collective on the first upload buffer, so that a
@@ -171,6 +208,7 @@ impl Stager {
         self.lends.clear();
         self.lend_armed = None;
         self.landing = None;
+        self.reading.clear();
     }
 
     /// Forgets the bind groups of the buffers kernels read (uploads and
@@ -223,14 +261,21 @@ impl Stager {
         self.lends = if self.lends() {
             (0..LEND_SLOTS)
                 .map(|_| {
+                    let (staging, host) = match &dev.imports {
+                        Ok(align) => {
+                            let (host, buf) = HostSlot::new(dev, bytes, *align).map_err(|why| {
+                                Error::device(dev.rank, None, format!("a mapped link's slot: {why}"))
+                            })?;
+                            (Staging::imported(dev, buf), Some(host))
+                        }
+                        Err(_) => (
+                            Staging::new(dev, "lent", bytes, U::MAP_READ | U::COPY_DST, false)?,
+                            None,
+                        ),
+                    };
                     Ok(LendSlot {
-                        staging: Staging::new(
-                            dev,
-                            "lent",
-                            bytes,
-                            U::MAP_READ | U::COPY_DST,
-                            false,
-                        )?,
+                        staging,
+                        host,
                         hold: Arc::new(()),
                         awaited: Arc::new(AtomicBool::new(false)),
                     })
@@ -251,7 +296,7 @@ impl Stager {
     /// size `reserve` was given: made on first use, where kernels read
     /// upload buffers directly (`None` elsewhere).
     pub(crate) fn landing(&mut self) -> Result<Option<Arc<Landing>>> {
-        if self.landing.is_none() && self.lends() && self.capacity > 0 {
+        if self.landing.is_none() && self.dev.unified && self.capacity > 0 {
             let dev = &self.dev;
             let usage = wgpu::BufferUsages::MAP_WRITE
                 | wgpu::BufferUsages::COPY_SRC
@@ -316,7 +361,20 @@ impl Stager {
             |slice| {
                 if Arc::strong_count(&slot.hold) == 1 {
                     std::sync::atomic::fence(Ordering::Acquire);
-                    return Ok(Some(()));
+                    // In host memory: readers' submissions done too.
+                    let Some((reader, t)) = slot.host.as_ref().and_then(|h| h.pending()) else {
+                        return Ok(Some(()));
+                    };
+                    if !slice.rung() {
+                        let seen = reader.generation();
+                        if reader.wait_quietly(t, seen, slice.limit).is_err() {
+                            // A failed device reads nothing more.
+                            if let Some(h) = &slot.host {
+                                h.forget_readers();
+                            }
+                        }
+                    }
+                    return Ok(None);
                 }
                 let seen = dev.generation();
                 slot.awaited.store(true, Ordering::SeqCst);
@@ -336,13 +394,15 @@ impl Stager {
         slot.awaited.store(false, Ordering::SeqCst);
         released?;
         // Its borrowers waited for the map; this only waits when one
-        // dropped it unread (a failure).
-        if slot.staging.last_use.is_some() {
+        // dropped it unread (a failure). Host memory is never mapped.
+        if slot.host.is_none() && slot.staging.last_use.is_some() {
             slot.staging.mapped(&self.dev, p, "lent")?;
             slot.staging.buf.unmap();
         }
         enc.copy_buffer_to_buffer(src, off, &slot.staging.buf, 0, bytes);
-        slot.staging.arm(enc, wgpu::MapMode::Read);
+        if slot.host.is_none() {
+            slot.staging.arm(enc, wgpu::MapMode::Read);
+        }
         self.lend_armed = Some(i);
         self.next_lend = i
             .saturating_add(1)
@@ -370,6 +430,7 @@ impl Stager {
             state: slot.staging.state.clone(),
             owner: self.dev.clone(),
             filled,
+            host: slot.host.clone(),
         })
     }
 
@@ -466,6 +527,11 @@ impl Stager {
     /// Tells the stager which submission carried the uploads encoded since
     /// the last call, so that their next use waits for it.
     pub(crate) fn submitted(&mut self, t: Ticket) {
+        for loan in self.reading.drain(..) {
+            if let Some(h) = &loan.host {
+                h.read_by(&self.dev, t);
+            }
+        }
         for i in self.used.drain(..) {
             if let Some(u) = self.uploads.get_mut(i) {
                 u.last_use = Some(t);
