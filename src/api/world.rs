@@ -758,7 +758,9 @@ impl World {
         if shared {
             return Ok(None);
         }
-        let cannot = devices.iter().find_map(|d| d.imports.as_ref().err().map(|why| (d.rank, why)));
+        let cannot = devices
+            .iter()
+            .find_map(|d| d.imports.as_ref().err().map(|why| (d.rank, why)));
         match (config.host_link()?, cannot) {
             (HostLink::Mapped, Some((rank, why))) => Err(Error::InvalidArgument {
                 rank: Some(rank),

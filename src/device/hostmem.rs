@@ -26,6 +26,8 @@ use std::sync::Arc;
 
 use ash::vk;
 use wgpu::hal::api::Vulkan;
+
+use super::{RankDevice, Ticket};
 use wgpu::hal::vulkan as hv;
 
 /// The Vulkan extension this module needs on every device that imports.
@@ -203,6 +205,71 @@ impl Drop for HostMemory {
         // SAFETY: allocated with this layout; every import holds an `Arc`
         // of this value until its buffer is destroyed, so none is left.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// Host memory imported into one device, which the host reads and writes
+/// in place between the device's uses of it (a host fold's image: the
+/// device copies the tensor in, the host folds, the device copies it out,
+/// with no map and no memcpy either way).
+pub(crate) struct HostImage {
+    mem: Arc<HostMemory>,
+    buf: wgpu::Buffer,
+    /// The last submission that used `buf`: the host touches the bytes
+    /// only once it is done.
+    last: Option<Ticket>,
+}
+
+impl HostImage {
+    /// An image of at least `bytes` on `dev`'s device (which imports host
+    /// memory aligned as `align`).
+    pub(crate) fn new(dev: &RankDevice, bytes: u64, align: u64) -> Result<HostImage, String> {
+        let mem = HostMemory::new(bytes, align)?;
+        let buf = import(&dev.device, &mem, "host image")?;
+        dev.count_resource();
+        Ok(HostImage {
+            mem,
+            buf,
+            last: None,
+        })
+    }
+
+    /// Bytes it holds.
+    pub(crate) fn len(&self) -> u64 {
+        self.mem.len()
+    }
+
+    /// The device's view, for copies recorded in a submission that the
+    /// caller then reports with [`Self::used_by`].
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buf
+    }
+
+    /// `t` uses the device's view.
+    pub(crate) fn used_by(&mut self, t: Ticket) {
+        self.last = Some(t);
+    }
+
+    /// The first `len` bytes, for the host to read and write, once the
+    /// last submission that used them on `dev` is done.
+    pub(crate) fn bytes_mut(&mut self, dev: &RankDevice, len: usize) -> Result<&mut [u8], String> {
+        if let Some(t) = self.last.filter(|t| !dev.is_done(*t)) {
+            return Err(format!(
+                "the host image is still in use by submission {t:?}"
+            ));
+        }
+        if len as u64 > self.mem.len() {
+            return Err(format!(
+                "{len} bytes of a {}-byte host image",
+                self.mem.len()
+            ));
+        }
+        // SAFETY: in the allocation (checked) and initialised; no device
+        // uses it (every submission that did is done, checked above, and
+        // none is made while this `&mut self` borrow lives), and the
+        // memory is this image's alone: no other Rust reference to it
+        // exists (imports hold it only to free it).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), len) })
     }
 }
 

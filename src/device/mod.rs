@@ -185,7 +185,15 @@ impl RankDevice {
             Some(why) => Err(why),
             None => Ok(wants.import),
         };
-        Self::build(rank, device, queue, Some(adapter.clone()), true, timeout, import)
+        Self::build(
+            rank,
+            device,
+            queue,
+            Some(adapter.clone()),
+            true,
+            timeout,
+            import,
+        )
     }
 
     /// Adopts a device the user made: whatever features and limits it has

@@ -147,13 +147,15 @@ pub(crate) fn take(
 /// never see it: the failure is recorded as the owner's, for the whole
 /// group, and this rank reports `PeerFailed`, naming it.
 pub(crate) fn read_loan<'a>(loan: &'a Loan, owner: usize, w: &Waiter) -> Result<LoanView<'a>> {
-    loan.read(&w.patience()).or_else(|e| owner_failed(e, owner, w))
+    loan.read(&w.patience())
+        .or_else(|e| owner_failed(e, owner, w))
 }
 
 /// Waits until the bytes of a loan in host memory from `owner` have
 /// landed, as [`read_loan`].
 pub(crate) fn wait_loan(loan: &Loan, owner: usize, w: &Waiter) -> Result<()> {
-    loan.filled(&w.patience()).or_else(|e| owner_failed(e, owner, w))
+    loan.filled(&w.patience())
+        .or_else(|e| owner_failed(e, owner, w))
 }
 
 /// A loan that could not be read: the wait's end, or the owner's failure.

@@ -17,9 +17,11 @@
     reason = "schedule index math: ranks are below n <= MAX_RANKS, and every offset and length lies within a tensor whose byte size was checked when it was made (DType::padded_bytes), or within staging sized from one"
 )]
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::algo::steps::{RingSteps, Span, Steps, reduce_step};
+use crate::deadline::Ring;
 use crate::device::Ticket;
 use crate::device::kernels::Reducer;
 use crate::device::timestamps::Timestamps;
@@ -688,6 +690,66 @@ impl<'a> Prims<'a> {
             off += words;
         }
         Ok(image)
+    }
+
+    /// Runs `fold` on a host image of `bytes` of `src` from word `base`
+    /// (zero-padded to `len` bytes), then writes the image's first `bytes`
+    /// to `dst` from word `dst_base`, where this device imports host
+    /// memory: the device copies the bytes into memory the host folds in
+    /// place, and out again, with no map and no memcpy. `Ok(false)`, and
+    /// nothing done, elsewhere.
+    pub(crate) fn fold_in_host_memory(
+        &mut self,
+        (src, base): (&wgpu::Buffer, usize),
+        (dst, dst_base): (&wgpu::Buffer, usize),
+        (bytes, len): (usize, usize),
+        fold: impl FnOnce(&mut Prims, &mut [u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let Some(mut img) = self.stage.take_image(len as u64)? else {
+            return Ok(false);
+        };
+        let t = Instant::now();
+        let mut enc = self.w.dev.encoder();
+        enc.copy_buffer_to_buffer(src, (base * 4) as u64, img.buffer(), 0, bytes as u64);
+        let down = self.submit(enc)?;
+        img.used_by(down);
+        self.wait_own(down, "the tensor to come down to the host image")?;
+        self.took_move(t);
+        let image = img
+            .bytes_mut(self.w.dev, len)
+            .map_err(|why| self.w.device_error(why))?;
+        image.get_mut(bytes..).unwrap_or_default().fill(0);
+        fold(self, image)?;
+        let t = Instant::now();
+        let mut enc = self.w.dev.encoder();
+        enc.copy_buffer_to_buffer(img.buffer(), 0, dst, (dst_base * 4) as u64, bytes as u64);
+        let up = self.submit(enc)?;
+        img.used_by(up);
+        self.last = Some(up);
+        self.stage.put_image(img);
+        self.took_move(t);
+        Ok(true)
+    }
+
+    /// Waits for this rank's own submission `t`, with the collective's
+    /// deadline (a peer's failure or an abort ends it too).
+    fn wait_own(&self, t: Ticket, what: &str) -> Result<()> {
+        let dev = self.w.dev;
+        let bell: Arc<dyn Ring> = dev.map_signal();
+        self.w.until(
+            || format!("{what} (#{})", self.w.fp.seq),
+            &bell,
+            |slice| {
+                if dev.is_done(t) {
+                    return Ok(Some(()));
+                }
+                if !slice.rung() {
+                    let seen = dev.generation();
+                    dev.poll_since(t, seen, slice.limit, Some(self.w.fp.seq))?;
+                }
+                Ok(None)
+            },
+        )
     }
 
     /// Writes `image` (a multiple of 4 bytes) to the start of the working buffer.

@@ -123,7 +123,10 @@ impl Mapped {
     /// host memory whose filling submission is done.
     pub(crate) fn new(view: Option<wgpu::BufferView>, loan: Loan) -> Result<Mapped, String> {
         if view.is_none() {
-            let host = loan.host.as_ref().ok_or("a lent buffer without its mapping")?;
+            let host = loan
+                .host
+                .as_ref()
+                .ok_or("a lent buffer without its mapping")?;
             host.mem().bytes(loan.len())?;
         }
         Ok(Mapped { view, loan })

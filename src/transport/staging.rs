@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::deadline::{Patience, Ring};
+use crate::device::hostmem::HostImage;
 use crate::device::{RankDevice, Signal, Ticket};
 use crate::error::{Error, Result};
 
@@ -143,6 +144,9 @@ pub(crate) struct Stager {
     /// Loans in host memory read in place by the submission being
     /// encoded: told its ticket once it is submitted.
     reading: Vec<Loan>,
+    /// Where a host fold works in place, on a device that imports host
+    /// memory (made on first use, grown as needed).
+    image: Option<HostImage>,
 }
 
 impl Stager {
@@ -161,7 +165,27 @@ impl Stager {
             lend_armed: None,
             landing: None,
             reading: Vec::with_capacity(LEND_SLOTS),
+            image: None,
         }
+    }
+
+    /// The host image for `bytes`, taken (give it back with
+    /// [`Self::put_image`]), where this device imports host memory.
+    pub(crate) fn take_image(&mut self, bytes: u64) -> Result<Option<HostImage>> {
+        let Ok(align) = self.dev.imports else {
+            return Ok(None);
+        };
+        match self.image.take() {
+            Some(img) if img.len() >= bytes => Ok(Some(img)),
+            _ => HostImage::new(&self.dev, bytes, align)
+                .map(Some)
+                .map_err(|why| Error::device(self.dev.rank, None, format!("a host image: {why}"))),
+        }
+    }
+
+    /// Gives back the image [`Self::take_image`] took.
+    pub(crate) fn put_image(&mut self, image: HostImage) {
+        self.image = Some(image);
     }
 
     /// Whether ring steps lend their read-back buffers (see the module
@@ -180,8 +204,14 @@ impl Stager {
     /// `loan`'s slot on this device, for the submission being encoded to
     /// read in place: its lender writes it again only once that
     /// submission is done.
-    pub(crate) fn read_in_place(&mut self, loan: &Loan) -> std::result::Result<wgpu::Buffer, String> {
-        let host = loan.host.as_ref().ok_or("a loan read in place without host memory")?;
+    pub(crate) fn read_in_place(
+        &mut self,
+        loan: &Loan,
+    ) -> std::result::Result<wgpu::Buffer, String> {
+        let host = loan
+            .host
+            .as_ref()
+            .ok_or("a loan read in place without host memory")?;
         let buf = host.on(&self.dev)?;
         self.reading.push(loan.clone());
         Ok(buf)
@@ -264,7 +294,11 @@ impl Stager {
                     let (staging, host) = match &dev.imports {
                         Ok(align) => {
                             let (host, buf) = HostSlot::new(dev, bytes, *align).map_err(|why| {
-                                Error::device(dev.rank, None, format!("a mapped link's slot: {why}"))
+                                Error::device(
+                                    dev.rank,
+                                    None,
+                                    format!("a mapped link's slot: {why}"),
+                                )
                             })?;
                             (Staging::imported(dev, buf), Some(host))
                         }

@@ -148,6 +148,15 @@ fn on_host(p: &mut Prims, x: &Tensor, out: &Tensor, op: ReduceOp, n: usize) -> R
     // come down and go up.
     let words = x.words();
     let bytes = usize::try_from(x.byte_len().next_multiple_of(4)).unwrap_or(usize::MAX);
+    let folded = p.fold_in_host_memory(
+        (x.buffer(), x.word_offset()),
+        (out.buffer(), out.word_offset()),
+        (bytes, words * 4),
+        |p, image| ring::all_reduce(&mut HostSteps { p, image, fold }, words),
+    )?;
+    if folded {
+        return Ok(());
+    }
     p.buf = x.buffer().clone();
     let mut image = p.download_image_at(x.word_offset(), bytes)?;
     image.resize(words * 4, 0);
