@@ -47,8 +47,8 @@ pub(crate) fn cpu() -> String {
 }
 
 /// What a table of `n` ranks on `devices` (meeting on one device when
-/// `meets`) is measured under, on one line; `layout` names how the ranks
-/// spread over processes.
+/// `meets`, else with the host links they have) is measured under, on one
+/// line; `layout` names how the ranks spread over processes.
 pub(crate) fn key(
     devices: &[std::sync::Arc<RankDevice>],
     n: usize,
@@ -69,7 +69,11 @@ pub(crate) fn key(
     format!(
         "{} | {n} ranks, {layout} | {} | {} | {}",
         adapters.join(" + "),
-        if meets { "shared" } else { "per-rank" },
+        match (meets, devices.iter().all(|d| d.imports.is_ok())) {
+            (true, _) => "shared",
+            (false, true) => "per-rank, mapped host links",
+            (false, false) => "per-rank, staged host links",
+        },
         cpu(),
         build(),
     )

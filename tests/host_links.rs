@@ -1,0 +1,179 @@
+//! What carries hops between ranks on separate devices: host memory both
+//! devices import (mapped), or staging; which one a world took, and why,
+//! and that both give the shared device's bits.
+
+mod common;
+
+use common::{bits, user_adapter};
+use wgpu_collectives::{
+    Error, HostLink, Placement, Plan, ReduceOp, Tune, World, WorldConfig, request_device, wgpu,
+};
+
+const N: usize = 3;
+/// Elements per rank: divisible by the ranks, and not a multiple of a
+/// slice or a unit, so that the last pieces are short.
+const LEN: usize = N * 4099;
+
+/// Floats whose sum depends on the order it is folded in.
+fn values(rank: usize, salt: u64) -> Vec<f32> {
+    (0..LEN)
+        .map(|i| {
+            let b = bits(rank, i, salt);
+            let mag = f32::from_bits((b & 0x007f_ffff) | ((120 + (b >> 24) % 16) << 23));
+            if b & 1 == 0 { mag } else { -mag }
+        })
+        .collect()
+}
+
+/// Every rank's bits of an all-reduce, a reduce-scatter, an all-gather
+/// and a broadcast, in that order.
+fn outputs(w: &World) -> Vec<Vec<u32>> {
+    w.run(|c| -> Result<Vec<u32>, Error> {
+        let x = c.tensor(&values(c.rank(), 7))?;
+        let mut got = Vec::new();
+        for t in [
+            c.all_reduce(&x, ReduceOp::Sum)?.wait()?,
+            c.reduce_scatter(&x, ReduceOp::Sum)?.wait()?,
+            c.all_gather(&x)?.wait()?,
+            c.broadcast(&x, 1)?.wait()?,
+        ] {
+            got.extend(t.to_vec::<f32>()?.iter().map(|v| v.to_bits()));
+        }
+        Ok(got)
+    })
+    .expect("run")
+    .into_iter()
+    .enumerate()
+    .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: {e}")))
+    .collect()
+}
+
+/// The planner's rules, not a timing, choose where no plan is forced.
+fn config(link: HostLink, plan: Option<Plan>) -> WorldConfig {
+    WorldConfig::new(N)
+        .with_tune(Tune::Off)
+        .with_placement(Placement::DevicePerRank)
+        .with_host_link(link)
+        .with_plan(plan)
+}
+
+/// The bits the ranks get sharing one device: the reference every host
+/// link must match.
+fn shared_bits() -> Vec<Vec<u32>> {
+    let w = World::new(
+        WorldConfig::new(N)
+            .with_tune(Tune::Off)
+            .with_placement(Placement::SharedDevice),
+    )
+    .expect("a shared world");
+    outputs(&w)
+}
+
+fn assert_same(what: &str, got: &[Vec<u32>], want: &[Vec<u32>]) {
+    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}: rank {rank}'s length");
+        let at = g.iter().zip(w).position(|(a, b)| a != b);
+        assert!(at.is_none(), "{what}: rank {rank} differs at word {at:?}");
+    }
+}
+
+/// A device opened the way a framework does, without the extension.
+fn plain_device(adapter: &wgpu::Adapter) -> (wgpu::Device, wgpu::Queue) {
+    pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+        .expect("a device")
+}
+
+/// Devices the engine makes on a Vulkan adapter import host memory (every
+/// current driver has the extension, lavapipe included), and both links,
+/// under the device ring (slots read in place) and the planner's choice
+/// (the host ring folding in host memory), give the shared device's bits.
+#[test]
+fn mapped_and_staged_links_give_the_shared_devices_bits() {
+    let want = shared_bits();
+    let vulkan = user_adapter().get_info().backend == wgpu::Backend::Vulkan;
+    for plan in [None, Some(Plan::DeviceRing), Some(Plan::HostRing)] {
+        for link in [HostLink::Auto, HostLink::Mapped, HostLink::Staging] {
+            let w = match World::new(config(link, plan)) {
+                Ok(w) => w,
+                Err(e) => panic!("{link} links, plan {plan:?}: {e}"),
+            };
+            let took = w.host_link().expect("separate devices have a host link");
+            let expected = match link {
+                HostLink::Staging => HostLink::Staging,
+                _ if vulkan => HostLink::Mapped,
+                _ => HostLink::Staging,
+            };
+            assert_eq!(took, expected, "{link} asked, plan {plan:?}");
+            let named = match took {
+                HostLink::Mapped => "host memory both devices map",
+                _ => "host staging",
+            };
+            assert!(w.transport().contains(named), "{}", w.transport());
+            assert_same(&format!("{link} links, plan {plan:?}"), &outputs(&w), &want);
+        }
+    }
+}
+
+/// Devices opened without the extension: a world on them stages, and
+/// says so; forcing the mapped link on them is refused, naming the
+/// extension and the helper that opens devices with it.
+#[test]
+fn devices_opened_without_the_extension_stage_and_say_why() {
+    let adapter = user_adapter();
+    let devices = || (0..N).map(|_| plain_device(&adapter)).collect::<Vec<_>>();
+    let w = World::from_devices(devices(), config(HostLink::Auto, None)).expect("a world");
+    assert_eq!(w.host_link(), Some(HostLink::Staging));
+    assert!(w.transport().contains("host staging"), "{}", w.transport());
+    assert_same("plain devices", &outputs(&w), &shared_bits());
+    match World::from_devices(devices(), config(HostLink::Mapped, None)) {
+        Err(Error::InvalidArgument { what, .. }) => {
+            assert!(what.contains("mapped host links were asked for"), "{what}");
+            assert!(
+                what.contains("without VK_EXT_external_memory_host")
+                    || what.contains("not a Vulkan device"),
+                "{what}"
+            );
+        }
+        Err(e) => panic!("expected InvalidArgument, got {e}"),
+        Ok(_) => panic!("a mapped world on devices that cannot import"),
+    }
+}
+
+/// Devices of both kinds in one world: the ones that import lend slots in
+/// host memory, which the others read on the host; the world says it
+/// stages (not every hop is mapped), and the bits are the shared device's.
+#[test]
+fn a_world_of_both_kinds_of_device_gives_the_same_bits() {
+    let adapter = user_adapter();
+    for plan in [None, Some(Plan::DeviceRing)] {
+        let devices = (0..N)
+            .map(|r| {
+                if r == 1 {
+                    plain_device(&adapter)
+                } else {
+                    request_device(&adapter, &wgpu::DeviceDescriptor::default()).expect("a device")
+                }
+            })
+            .collect();
+        let w = World::from_devices(devices, config(HostLink::Auto, plan)).expect("a world");
+        assert_eq!(w.host_link(), Some(HostLink::Staging), "plan {plan:?}");
+        assert_same(
+            &format!("mixed devices, plan {plan:?}"),
+            &outputs(&w),
+            &shared_bits(),
+        );
+    }
+}
+
+/// Ranks that share one device have no host link to speak of.
+#[test]
+fn a_shared_device_has_no_host_link() {
+    let w = World::new(
+        WorldConfig::new(N)
+            .with_tune(Tune::Off)
+            .with_placement(Placement::SharedDevice)
+            .with_host_link(HostLink::Mapped),
+    )
+    .expect("a shared world");
+    assert_eq!(w.host_link(), None);
+}
