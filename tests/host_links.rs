@@ -85,13 +85,19 @@ fn plain_device(adapter: &wgpu::Adapter) -> (wgpu::Device, wgpu::Queue) {
 
 /// Devices the engine makes on a Vulkan adapter import host memory (every
 /// current driver has the extension, lavapipe included), and both links,
-/// under the device ring (slots read in place) and the planner's choice
-/// (the host ring folding in host memory), give the shared device's bits.
+/// under the planner's rules, the device ring (slots read in place), the
+/// host ring (folding in host memory) and the one-shot (folding every
+/// rank's slot where it lies), give the shared device's bits.
 #[test]
 fn mapped_and_staged_links_give_the_shared_devices_bits() {
     let want = shared_bits();
     let vulkan = user_adapter().get_info().backend == wgpu::Backend::Vulkan;
-    for plan in [None, Some(Plan::DeviceRing), Some(Plan::HostRing)] {
+    for plan in [
+        None,
+        Some(Plan::DeviceRing),
+        Some(Plan::HostRing),
+        Some(Plan::OneShot),
+    ] {
         for link in [HostLink::Auto, HostLink::Mapped, HostLink::Staging] {
             let w = match World::new(config(link, plan)) {
                 Ok(w) => w,
@@ -145,7 +151,7 @@ fn devices_opened_without_the_extension_stage_and_say_why() {
 #[test]
 fn a_world_of_both_kinds_of_device_gives_the_same_bits() {
     let adapter = user_adapter();
-    for plan in [None, Some(Plan::DeviceRing)] {
+    for plan in [None, Some(Plan::DeviceRing), Some(Plan::OneShot)] {
         let devices = (0..N)
             .map(|r| {
                 if r == 1 {

@@ -12,6 +12,7 @@ pub(crate) mod flight;
 pub(crate) mod heal;
 pub(crate) mod health;
 pub(crate) mod hop;
+pub(crate) mod host_oneshot;
 pub(crate) mod host_ring;
 pub(crate) mod kernel_shape;
 pub(crate) mod list;

@@ -330,7 +330,7 @@ impl<'a> Prims<'a> {
     }
 
     /// Receives a packet from `peer`, timing the wait.
-    fn take_packet(&self, peer: usize, bytes: usize) -> Result<Packet> {
+    pub(crate) fn take_packet(&self, peer: usize, bytes: usize) -> Result<Packet> {
         let t = Instant::now();
         let p = hop::take(self.link, peer, self.lane, bytes, &self.w);
         self.took_wait(t);
@@ -692,15 +692,15 @@ impl<'a> Prims<'a> {
         Ok(image)
     }
 
-    /// Runs `fold` on a host image of `bytes` of `src` from word `base`
-    /// (zero-padded to `len` bytes), then writes the image's first `bytes`
-    /// to `dst` from word `dst_base`, where this device imports host
-    /// memory: the device copies the bytes into memory the host folds in
-    /// place, and out again, with no map and no memcpy. `Ok(false)`, and
-    /// nothing done, elsewhere.
+    /// Runs `fold` on a host image of `len` bytes, then writes its first
+    /// `bytes` to `dst` from word `dst_base`, where this device imports
+    /// host memory: with `down`, the image first holds `bytes` of that
+    /// buffer from that word (zero-padded). The device copies the bytes
+    /// into memory the host folds in place, and out again, with no map and
+    /// no memcpy. `Ok(false)`, and nothing done, elsewhere.
     pub(crate) fn fold_in_host_memory(
         &mut self,
-        (src, base): (&wgpu::Buffer, usize),
+        down: Option<(&wgpu::Buffer, usize)>,
         (dst, dst_base): (&wgpu::Buffer, usize),
         (bytes, len): (usize, usize),
         fold: impl FnOnce(&mut Prims, &mut [u8]) -> Result<()>,
@@ -708,17 +708,21 @@ impl<'a> Prims<'a> {
         let Some(mut img) = self.stage.take_image(len as u64)? else {
             return Ok(false);
         };
-        let t = Instant::now();
-        let mut enc = self.w.dev.encoder();
-        enc.copy_buffer_to_buffer(src, (base * 4) as u64, img.buffer(), 0, bytes as u64);
-        let down = self.submit(enc)?;
-        img.used_by(down);
-        self.wait_own(down, "the tensor to come down to the host image")?;
-        self.took_move(t);
+        if let Some((src, base)) = down {
+            let t = Instant::now();
+            let mut enc = self.w.dev.encoder();
+            enc.copy_buffer_to_buffer(src, (base * 4) as u64, img.buffer(), 0, bytes as u64);
+            let t_down = self.submit(enc)?;
+            img.used_by(t_down);
+            self.wait_own(t_down, "the tensor to come down to the host image")?;
+            self.took_move(t);
+        }
         let image = img
             .bytes_mut(self.w.dev, len)
             .map_err(|why| self.w.device_error(why))?;
-        image.get_mut(bytes..).unwrap_or_default().fill(0);
+        if down.is_some() {
+            image.get_mut(bytes..).unwrap_or_default().fill(0);
+        }
         fold(self, image)?;
         let t = Instant::now();
         let mut enc = self.w.dev.encoder();
@@ -729,6 +733,33 @@ impl<'a> Prims<'a> {
         self.stage.put_image(img);
         self.took_move(t);
         Ok(true)
+    }
+
+    /// Lends `len` bytes in host memory every device of the group
+    /// imports, the first `bytes` (a multiple of 4, at most `len`) of them
+    /// `src`'s from word `base`: one device copy into a slot, not waited
+    /// for. `None` where slots are not in host memory.
+    pub(crate) fn lend_in_host_memory(
+        &mut self,
+        (src, base): (&wgpu::Buffer, usize),
+        bytes: usize,
+        len: usize,
+    ) -> Result<Option<Loan>> {
+        if !self.stage.lends_in_host_memory() {
+            return Ok(None);
+        }
+        self.reserve(len.max(bytes) / 4)?;
+        let t = Instant::now();
+        let mut enc = self.w.dev.encoder();
+        let off = (base * 4) as u64;
+        self.stage
+            .encode_lend(&mut enc, src, off, bytes as u64, &self.w.patience())?;
+        let filled = self.submit(enc)?;
+        let loan = self
+            .stage
+            .finish_lend(len as u64, filled, &self.w.patience())?;
+        self.took_move(t);
+        Ok(Some(loan))
     }
 
     /// Waits for this rank's own submission `t`, with the collective's

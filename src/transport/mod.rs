@@ -33,7 +33,7 @@ use crossbeam::channel::{Receiver, Sender, bounded};
 
 use crate::deadline::Ring;
 
-pub(crate) use local::Loan;
+pub(crate) use local::{Loan, LoanView};
 pub(crate) use staging::Stager;
 
 /// A slice in flight from one rank to another, with a header the

@@ -195,6 +195,12 @@ impl Stager {
         self.dev.unified || self.dev.imports.is_ok()
     }
 
+    /// Whether the slots this rank lends are host memory every device of
+    /// its group imports.
+    pub(crate) fn lends_in_host_memory(&self) -> bool {
+        self.dev.imports.is_ok()
+    }
+
     /// Whether a rank can read `loan` in place: it is a slot in host
     /// memory, and this device imports host memory too.
     pub(crate) fn reads_in_place(&self, loan: &Loan) -> bool {

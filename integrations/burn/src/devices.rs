@@ -6,7 +6,8 @@
 //! the way cubecl makes its own (every adapter feature but
 //! `MAPPABLE_PRIMARY_BUFFERS`, the adapter's limits, memory-usage hints),
 //! and handed to both. One device per rank, as burn would see one GPU per
-//! rank: the engine carries hops between them through host staging.
+//! rank: the engine carries hops between them through host memory both
+//! devices import, where the driver can (else through host staging).
 
 use burn_tensor::wgpu::{WgpuSetup, wgpu};
 
@@ -48,13 +49,16 @@ pub(crate) fn request_setups(
 ) -> Result<Vec<WgpuSetup>> {
     (0..ranks)
         .map(|rank| {
-            let (device, queue) = pollster::block_on(adapter.request_device(&descriptor(adapter)))
+            // Through the engine's helper: a device able to import host
+            // memory, so that hops between the ranks' devices go through
+            // memory both map (it falls back to `request_device`).
+            let (device, queue) = wgpu_collectives::request_device(adapter, &descriptor(adapter))
                 .map_err(|e| {
-                    Error::setup(format!(
-                        "rank {rank}: {} refused a device: {e}",
-                        adapter.get_info().name
-                    ))
-                })?;
+                Error::setup(format!(
+                    "rank {rank}: {} refused a device: {e}",
+                    adapter.get_info().name
+                ))
+            })?;
             Ok(WgpuSetup {
                 instance: instance.clone(),
                 adapter: adapter.clone(),

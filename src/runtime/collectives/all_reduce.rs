@@ -21,6 +21,7 @@ use crate::op::ReduceOp;
 use crate::runtime::collectives::{
     Collective, Compared, Here, Layout, Seat, SplitTable, Unit, firsts, missing, reducible, scratch,
 };
+use crate::runtime::host_oneshot;
 use crate::runtime::host_ring::HostSteps;
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
@@ -113,6 +114,18 @@ impl Unit for AllReduce {
             on_host(p, x, out, self.op, n)?;
             return Ok(None);
         }
+        // Between devices that import host memory, the one-shot folds
+        // there (the same bits).
+        if plan == Plan::OneShot && n > 1 && x.words() > 0 {
+            let fold = HostFold {
+                dtype: x.dtype(),
+                op: self.op,
+                ranks: u32::try_from(n).unwrap_or(u32::MAX),
+            };
+            if host_oneshot::all_reduce(p, x, out, fold)? {
+                return Ok(None);
+            }
+        }
         // Out of place, the input is copied first and reduced in place.
         // Reading it where it lies instead (a kernel writing dst = op(x,
         // received)) saves the copy but, on CPU adapters, streams three
@@ -149,7 +162,7 @@ fn on_host(p: &mut Prims, x: &Tensor, out: &Tensor, op: ReduceOp, n: usize) -> R
     let words = x.words();
     let bytes = usize::try_from(x.byte_len().next_multiple_of(4)).unwrap_or(usize::MAX);
     let folded = p.fold_in_host_memory(
-        (x.buffer(), x.word_offset()),
+        Some((x.buffer(), x.word_offset())),
         (out.buffer(), out.word_offset()),
         (bytes, words * 4),
         |p, image| ring::all_reduce(&mut HostSteps { p, image, fold }, words),
