@@ -45,6 +45,8 @@
 //!
 //! What there is: [`World`] and [`WorldConfig`] (the ranks, their
 //! devices, SPMD runs), [`Placement`] (which ranks share a device),
+//! [`HostLink`] (how hops between separate devices cross the host) and
+//! [`request_device`] (a device able to share host memory),
 //! [`Communicator`] (a rank's view of a group: tensors,
 //! collectives, point-to-point calls, its device), [`Group`] (calls
 //! launched together), [`Tensor`] and [`Work`] (the handle a
@@ -55,7 +57,9 @@
 //! `World::from_mpi` spreads a world over the processes of an MPI job
 //! (`mpirun -n P`), each holding some of its ranks. The README's "Layout"
 //! shows how the engine inside is layered; only `transport/mpi/raw.rs`
-//! (the raw MPI calls) allows `unsafe`.
+//! (the raw MPI calls), `device/hostmem.rs` (host memory devices import)
+//! and one copy out of a landing buffer (`transport/staging.rs`) allow
+//! `unsafe`.
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 // Nothing reachable from a public call may panic or overflow unnoticed:

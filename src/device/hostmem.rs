@@ -250,6 +250,11 @@ impl HostImage {
         self.last = Some(t);
     }
 
+    /// The last submission that used the device's view.
+    pub(crate) fn last_use(&self) -> Option<Ticket> {
+        self.last
+    }
+
     /// The first `len` bytes, for the host to read and write, once the
     /// last submission that used them on `dev` is done.
     pub(crate) fn bytes_mut(&mut self, dev: &RankDevice, len: usize) -> Result<&mut [u8], String> {

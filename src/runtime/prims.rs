@@ -717,6 +717,11 @@ impl<'a> Prims<'a> {
             self.wait_own(t_down, "the tensor to come down to the host image")?;
             self.took_move(t);
         }
+        // The last collective's copy out of the image, where nothing
+        // since has waited for it.
+        if let Some(t) = img.last_use() {
+            self.wait_own(t, "the host image's last copy to the device")?;
+        }
         let image = img
             .bytes_mut(self.w.dev, len)
             .map_err(|why| self.w.device_error(why))?;
