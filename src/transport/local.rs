@@ -104,35 +104,25 @@ impl Loan {
     }
 
     /// Waits for the owner's submission that fills a slot in host memory.
+    /// Its device fills the slot whatever becomes of the owner after it
+    /// sent it, so a failure elsewhere does not end this wait (what was
+    /// sent is read, as a packet already here is): only the owner's device
+    /// failing, or `p`'s timeout.
     pub(crate) fn filled(&self, p: &Patience) -> Result<(), LoanError> {
-        let mut owner_failed = None;
-        let bell: Arc<dyn Ring> = self.owner.map_signal();
-        let waited = p.until(
-            || format!("the lender's device to finish a slice of #{}", p.seq),
-            &bell,
-            |slice| {
-                if self.owner.is_done(self.filled) {
-                    return Ok(Some(true));
-                }
-                if slice.rung() {
-                    return Ok(None);
-                }
-                let seen = self.owner.generation();
-                match self.owner.wait_quietly(self.filled, seen, slice.limit) {
-                    Err(e) => {
-                        owner_failed = Some(e);
-                        Ok(Some(false))
-                    }
-                    Ok(_) => Ok(None),
-                }
-            },
-        );
-        match waited {
-            Err(e) => Err(LoanError::Wait(e)),
-            Ok(false) => Err(LoanError::Owner(
-                owner_failed.unwrap_or_else(|| "it failed".into()),
-            )),
-            Ok(true) => Ok(()),
+        let start = std::time::Instant::now();
+        loop {
+            if self.owner.is_done(self.filled) {
+                return Ok(());
+            }
+            let spent = start.elapsed();
+            let Some(left) = p.timeout.checked_sub(spent).filter(|l| !l.is_zero()) else {
+                let what = format!("the lender's device to finish a slice of #{}", p.seq);
+                return Err(LoanError::Wait(p.watch.timed_out(what, spent)));
+            };
+            let seen = self.owner.generation();
+            if let Err(e) = self.owner.wait_quietly(self.filled, seen, left) {
+                return Err(LoanError::Owner(e));
+            }
         }
     }
 
