@@ -716,10 +716,8 @@ impl<'a> Prims<'a> {
             img.used_by(t_down);
             self.wait_own(t_down, "the tensor to come down to the host image")?;
             self.took_move(t);
-        }
-        // The last collective's copy out of the image, where nothing
-        // since has waited for it.
-        if let Some(t) = img.last_use() {
+        } else if let Some(t) = img.last_use() {
+            // The last collective's copy out of the image.
             self.wait_own(t, "the host image's last copy to the device")?;
         }
         let image = img

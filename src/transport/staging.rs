@@ -192,7 +192,7 @@ impl Stager {
     /// docs): where kernels read mapped buffers, or hops go through host
     /// memory both devices import.
     pub(crate) fn lends(&self) -> bool {
-        self.dev.unified || self.dev.imports.is_ok()
+        self.dev.unified || self.lends_in_host_memory()
     }
 
     /// Whether the slots this rank lends are host memory every device of
@@ -204,7 +204,7 @@ impl Stager {
     /// Whether a rank can read `loan` in place: it is a slot in host
     /// memory, and this device imports host memory too.
     pub(crate) fn reads_in_place(&self, loan: &Loan) -> bool {
-        loan.host.is_some() && self.dev.imports.is_ok()
+        loan.host.is_some() && self.lends_in_host_memory()
     }
 
     /// `loan`'s slot on this device, for the submission being encoded to
