@@ -103,8 +103,8 @@ impl Loan {
         usize::try_from(self.bytes).unwrap_or(usize::MAX)
     }
 
-    /// Waits for the owner's submission that fills a slot in host memory.
-    /// Its device fills the slot whatever becomes of the owner after it
+    /// Waits for the owner's submission that fills the lent buffer. Its
+    /// device fills it whatever becomes of the owner after it
     /// sent it, so a failure elsewhere does not end this wait (what was
     /// sent is read, as a packet already here is): only the owner's device
     /// failing, or `p`'s timeout.
@@ -129,8 +129,11 @@ impl Loan {
     /// The lent bytes, once they have landed (waiting on the owner's device
     /// for them, with `p`'s deadline).
     pub(crate) fn read(&self, p: &Patience) -> Result<LoanView<'_>, LoanError> {
+        // What was sent is read whatever became of its lender since (see
+        // `filled`); a mapped buffer's map callback runs before its fill
+        // is seen done, so the wait below then only looks.
+        self.filled(p)?;
         if let Some(host) = &self.host {
-            self.filled(p)?;
             return host
                 .mem()
                 .bytes(self.len())
