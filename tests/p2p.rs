@@ -215,6 +215,50 @@ fn a_grouped_ring_exchange_completes() {
 
 /// Pipeline parallelism: activations pass from stage to stage with
 /// several micro-batches in flight; each stage adds its rank + 1.
+/// A group's sends to several peers: one receiver takes its message and
+/// returns from its closure long before the other receives. The sender's
+/// wait must not take the first one's leaving for a send it never got
+/// (CI once failed `a_grouped_ring_exchange_completes` so). The pause only
+/// orders the two receivers; the result does not depend on how long.
+#[test]
+fn a_group_waits_for_a_late_receiver_after_an_early_one_leaves() {
+    for placement in PLACEMENTS {
+        let w = world(3, placement);
+        let got = w
+            .run(|c| -> Result<Vec<u8>, Error> {
+                let x = tensor(c, DType::U32, &payload(DType::U32, c.rank(), 4, 9))?;
+                match c.rank() {
+                    0 => {
+                        c.group(|g| {
+                            g.send(&x, 1)?;
+                            g.send(&x, 2)
+                        })?
+                        .wait_all()?;
+                        Ok(Vec::new())
+                    }
+                    r => {
+                        if r == 2 {
+                            std::thread::sleep(Duration::from_millis(300));
+                        }
+                        let got = c.zeros(DType::U32, 4)?;
+                        c.recv(&got, 0)?.wait()?;
+                        bytes(&got)
+                    }
+                }
+            })
+            .expect("run");
+        for (r, got) in got.into_iter().enumerate() {
+            let got = got.unwrap_or_else(|e| panic!("{placement:?}, rank {r}: {e}"));
+            let want = if r == 0 {
+                Vec::new()
+            } else {
+                payload(DType::U32, 0, 4, 9)
+            };
+            assert_eq!(got, want, "{placement:?}, rank {r}");
+        }
+    }
+}
+
 #[test]
 fn a_pipeline_passes_micro_batches_rank_to_rank() {
     const MICRO: usize = 6;

@@ -211,23 +211,28 @@ impl Work {
                 }
             };
             let unreceipted = matches!(*phase, Phase::Unreceipted);
-            if let (true, Some(peer)) = (unreceipted, self.fp.peer) {
-                // A receiver that returned from its closure will never
-                // match this send: fail now, not at the deadline.
-                if self.health.is_gone(peer) {
-                    self.health.check(self.rank, &self.fp)?;
-                    return Err(Error::PeerFailed {
-                        rank: self.rank,
-                        seq: self.fp.seq,
-                        doing: self.fp.to_string(),
-                        peer,
-                        reason: format!(
-                            "rank {peer} returned from its closure without receiving {}",
-                            self.fp
-                        ),
-                        flight: self.health.flight.report(),
-                    });
-                }
+            // A receiver that returned from its closure will never match
+            // a send to it: fail now, not at the deadline. Only the sends
+            // not yet matched count (a group's other peers may be gone
+            // with everything they owed it received).
+            let stranded = if unreceipted {
+                self.state
+                    .unreceipted_by(&phase, |peer| self.health.is_gone(peer))
+            } else {
+                None
+            };
+            if let Some((peer, send)) = stranded {
+                self.health.check(self.rank, &send)?;
+                return Err(Error::PeerFailed {
+                    rank: self.rank,
+                    seq: send.seq,
+                    doing: send.to_string(),
+                    peer,
+                    reason: format!(
+                        "rank {peer} returned from its closure without receiving {send}"
+                    ),
+                    flight: self.health.flight.report(),
+                });
             }
             if now >= limit {
                 let what = if unreceipted {

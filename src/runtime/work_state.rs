@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::device::tensor::Tensor;
 use crate::device::{Ticket, lock};
 use crate::error::{Error, Result};
+use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::plan::Plan;
 
 /// What `split` exchanges: every parent rank's (color, key), in parent rank order.
@@ -40,9 +41,10 @@ pub(crate) struct Outputs {
 /// Shared between a `Work` and the progress thread running it.
 pub(crate) struct WorkState {
     pub phase: Mutex<Phase>,
-    /// Receipts of sends to ranks of this process, not yet told (under
-    /// the phase lock).
-    receipts: Mutex<usize>,
+    /// The sends whose receivers have yet to tell their receipts: each
+    /// one's receiver and fingerprint (under the phase lock). A group's
+    /// sends go to several peers, and only these can keep it waiting.
+    receipts: Mutex<Vec<(usize, Fingerprint)>>,
     pub changed: Condvar,
     pub waker: Mutex<Option<Waker>>,
     pub outputs: Mutex<Outputs>,
@@ -54,7 +56,7 @@ impl WorkState {
     pub(crate) fn new() -> Arc<WorkState> {
         Arc::new(WorkState {
             phase: Mutex::new(Phase::Queued),
-            receipts: Mutex::new(0),
+            receipts: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             waker: Mutex::new(None),
             outputs: Mutex::new(Outputs::default()),
@@ -128,7 +130,7 @@ impl WorkState {
     pub(crate) fn gpu_done(&self) {
         let mut p = lock(&self.phase);
         if matches!(*p, Phase::Issued(_)) {
-            *p = if *lock(&self.receipts) > 0 {
+            *p = if !lock(&self.receipts).is_empty() {
                 Phase::Unreceipted
             } else {
                 Phase::Done
@@ -138,21 +140,23 @@ impl WorkState {
         }
     }
 
-    /// One more receipt to wait for (a send's, made before it is posted).
-    pub(crate) fn expect_receipt(&self) {
+    /// One more receipt to wait for: the send `fp` to `peer`'s (made
+    /// before it is posted).
+    pub(crate) fn expect_receipt(&self, peer: usize, fp: Fingerprint) {
         let _p = lock(&self.phase);
-        let mut r = lock(&self.receipts);
-        *r = r.saturating_add(1);
+        lock(&self.receipts).push((peer, fp));
     }
 
-    /// A receiver's verdict on one of this work's sends: the last one
-    /// taken completes a work the device is done with; a refusal fails it.
-    pub(crate) fn receipt(&self, verdict: Result<()>) {
+    /// `peer`'s verdict on this work's send `fp`: the last one taken
+    /// completes a work the device is done with; a refusal fails it.
+    pub(crate) fn receipt(&self, peer: usize, fp: Fingerprint, verdict: Result<()>) {
         let mut p = lock(&self.phase);
         let left = {
             let mut r = lock(&self.receipts);
-            *r = r.saturating_sub(1);
-            *r
+            if let Some(i) = r.iter().position(|&s| s == (peer, fp)) {
+                r.swap_remove(i);
+            }
+            r.len()
         };
         match (verdict, &*p) {
             (_, Phase::Done | Phase::Failed(_)) => return,
@@ -169,6 +173,21 @@ impl WorkState {
         if let Some(w) = lock(&self.waker).take() {
             w.wake();
         }
+    }
+
+    /// A send still waiting for its receipt whose receiver `gone` says
+    /// will never tell it: that receiver and the send's fingerprint. The
+    /// caller holds the phase lock (`phase`), so that no receipt told
+    /// before the receiver left is missed.
+    pub(crate) fn unreceipted_by(
+        &self,
+        _phase: &std::sync::MutexGuard<'_, Phase>,
+        mut gone: impl FnMut(usize) -> bool,
+    ) -> Option<(usize, Fingerprint)> {
+        lock(&self.receipts)
+            .iter()
+            .copied()
+            .find(|&(peer, _)| gone(peer))
     }
 
     /// The plan chosen, if it has been.

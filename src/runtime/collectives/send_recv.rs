@@ -181,33 +181,37 @@ fn receipt(
     fp: Fingerprint,
     peer: usize,
 ) -> Receipt {
-    state.expect_receipt();
+    state.expect_receipt(peer, fp);
     let (state, health) = (state.clone(), health.clone());
     Receipt::new(move |verdict| {
-        state.receipt(match verdict {
-            Verdict::Taken => Ok(()),
-            Verdict::Refused(theirs) => Err(Error::Mismatch {
-                rank,
-                seq: fp.seq,
-                ours: fp.to_string(),
-                peer,
-                theirs,
-                flight: health.flight.report(),
-            }),
-            Verdict::Dropped => {
-                Err(health
-                    .check(rank, &fp)
-                    .err()
-                    .unwrap_or_else(|| Error::PeerFailed {
-                        rank,
-                        seq: fp.seq,
-                        doing: fp.to_string(),
-                        peer,
-                        reason: "it dropped the message without receiving it".into(),
-                        flight: health.flight.report(),
-                    }))
-            }
-        })
+        state.receipt(
+            peer,
+            fp,
+            match verdict {
+                Verdict::Taken => Ok(()),
+                Verdict::Refused(theirs) => Err(Error::Mismatch {
+                    rank,
+                    seq: fp.seq,
+                    ours: fp.to_string(),
+                    peer,
+                    theirs,
+                    flight: health.flight.report(),
+                }),
+                Verdict::Dropped => {
+                    Err(health
+                        .check(rank, &fp)
+                        .err()
+                        .unwrap_or_else(|| Error::PeerFailed {
+                            rank,
+                            seq: fp.seq,
+                            doing: fp.to_string(),
+                            peer,
+                            reason: "it dropped the message without receiving it".into(),
+                            flight: health.flight.report(),
+                        }))
+                }
+            },
+        )
     })
 }
 
