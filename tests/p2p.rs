@@ -241,7 +241,7 @@ fn a_group_waits_for_a_late_receiver_after_an_early_one_leaves() {
                             std::thread::sleep(Duration::from_millis(300));
                         }
                         let got = c.zeros(DType::U32, 4)?;
-                        c.recv(&got, 0)?.wait()?;
+                        let _ = c.recv(&got, 0)?.wait()?;
                         bytes(&got)
                     }
                 }
