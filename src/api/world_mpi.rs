@@ -264,8 +264,8 @@ impl World {
         let base = process.saturating_mul(local);
 
         // Ranks of this process on one adapter share its device (one
-        // owner, one queue), unless the placement asks for a device each;
-        // either way hops between them go through host staging.
+        // owner, one queue), unless the placement asks for a device each
+        // (then hops between them go through the host).
         let ranks = base..base.saturating_add(local);
         let devices = devices_on(&adapters, ranks, config.placement()?, &config)?;
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
@@ -293,11 +293,20 @@ impl World {
         let process_of: Vec<usize> = (0..total)
             .map(|r| r.checked_div(local).unwrap_or(0))
             .collect();
+        // A split of this process's ranks alone meets on their device
+        // when they share one: its collectives run the shared device's
+        // kernels (the part of a two-level schedule inside a process); in
+        // the world's own group, hops between them are device copies.
+        let one_device = devices
+            .first()
+            .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
+        let splits_meet = one_device.then_some(crate::runtime::shared::place as MakePlace);
         let place = Place {
             hub: &hub,
             number,
             process_of: &process_of,
             local: (base, local),
+            splits_meet,
         };
         // Process 0's table for every process: cached, or timed on the
         // world's own devices and links by all of them at once.
@@ -323,17 +332,11 @@ impl World {
                 tuning.heal = Some(heal_over(&hub, group, (process, processes), local, t));
             }
         }
-        // A split of this process's ranks alone meets on their device
-        // when they share one: its collectives run the shared device's
-        // kernels (the part of a two-level schedule inside a process).
-        let one_device = devices
-            .first()
-            .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
         let layout = Layout {
             group,
             process_of: process_of.clone(),
             meet: None,
-            splits_meet: one_device.then_some(crate::runtime::shared::place as MakePlace),
+            splits_meet,
         };
         let links: Vec<Arc<Link>> = ends::<Fingerprint>(&hub, layout)
             .into_iter()
@@ -562,6 +565,9 @@ struct Place<'a> {
     number: u64,
     process_of: &'a [usize],
     local: (usize, usize),
+    /// Where splits of this process's ranks meet: `Some` where they share
+    /// one device (and hop between each other by device copies).
+    splits_meet: Option<MakePlace>,
 }
 
 /// The tuning table every process of the world uses: process 0's cached
@@ -587,7 +593,14 @@ fn tuned_over(
         // The same text on every process: the world agreed on its hash.
         return Ok(given);
     }
-    let layout = format!("{} processes x {}", hub.processes, place.local.1);
+    // Ranks sharing a device hop by device copies, ranks on a device each
+    // through the host: tables of the one are not the other's.
+    let shared = if place.splits_meet.is_some() {
+        " on one device"
+    } else {
+        ""
+    };
+    let layout = format!("{} processes x {}{shared}", hub.processes, place.local.1);
     let key = tune::cache::key(devices, total, false, &layout);
     let cached = (process == 0 && config.tune()? == Tune::Cached)
         .then(|| tune::cache::read(config, &key))
@@ -606,7 +619,7 @@ fn tuned_over(
                     group: split_id(u64::MAX - 1, place.number, u32::try_from(i).unwrap_or(0)),
                     process_of: place.process_of.to_vec(),
                     meet: None,
-                    splits_meet: None,
+                    splits_meet: place.splits_meet,
                 };
                 ends::<Fingerprint>(hub, layout)
                     .into_iter()

@@ -30,7 +30,7 @@ use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
-use crate::transport::{Body, Lane, Loan, Receipt, Stager};
+use crate::transport::{Body, Lane, Loan, Receipt, Resident, Stager};
 
 /// Largest slice moved in one step. Big enough that per-step overheads (a
 /// submission, a fence wait, a map) are small next to the copy, small
@@ -246,6 +246,9 @@ impl<'a> Prims<'a> {
     /// packet.
     fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
         let next = self.next();
+        if self.link.shares_device(next) {
+            return self.send_resident(enc, next, span);
+        }
         if !self.lends(next) {
             let mut data = self.link.buffer();
             self.download(enc, span, &mut data)?;
@@ -272,6 +275,31 @@ impl<'a> Prims<'a> {
             self.packet(Body::Loan(loan)),
             &self.w,
         )
+    }
+
+    /// Sends `span` of the buffer to `peer`, a rank on this device, after
+    /// the steps in `enc`: one device copy into a pooled buffer, which
+    /// travels as the packet; the receiver's steps read it, submitted
+    /// after this copy to the same queue.
+    fn send_resident(
+        &mut self,
+        mut enc: wgpu::CommandEncoder,
+        peer: usize,
+        span: Span,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let copy = self.stage.resident(span.words)?;
+        let bytes = span.bytes() as u64;
+        let buffer = copy.buffer().clone();
+        enc.copy_buffer_to_buffer(&self.buf, span.offset(), &buffer, 0, bytes);
+        self.last = Some(self.submit(enc)?);
+        self.took_move(t);
+        let body = Body::Resident(Resident {
+            buffer,
+            bytes,
+            _hold: Box::new(copy),
+        });
+        hop::post(self.link, peer, self.lane, self.packet(body), &self.w)
     }
 
     /// Copies `bytes` from `src[src_off..]` to `dst[dst_off..]` on the
@@ -475,13 +503,24 @@ impl<'a> Prims<'a> {
         let mut enc = self.w.dev.encoder();
         self.absorb_packet(&mut enc, span, &p, Some(&r))?;
         // Let go of the bytes (a lent buffer goes back to its owner)
-        // before waiting for anything of our own.
-        hop::recycle(self.link, p);
+        // before waiting for anything of our own; a buffer on this device
+        // only once the steps that read it are submitted (its pool hands
+        // it out again to later submissions alone).
+        let resident = match p.body {
+            Body::Resident(_) => Some(p),
+            _ => {
+                hop::recycle(self.link, p);
+                None
+            }
+        };
         if !forward {
             self.last = Some(self.submit(enc)?);
+            drop(resident);
             return Ok(());
         }
-        self.send_after(enc, span)
+        let sent = self.send_after(enc, span);
+        drop(resident);
+        sent
     }
 
     /// Receives a partial result for `span` from the previous rank, reduces
@@ -509,12 +548,20 @@ impl<'a> Prims<'a> {
         let Some(mut p) = self.recv_store(span)? else {
             return Ok(());
         };
-        if matches!(p.body, Body::Landed(_)) {
-            drop(p);
+        // What came goes on as it is where the next rank takes it so: a
+        // buffer on the device both share, else a host one; otherwise
+        // the stored copy goes, as a send would send it.
+        let next = self.next();
+        let as_is = match p.body {
+            Body::Landed(_) => false,
+            Body::Resident(_) => self.link.shares_device(next),
+            _ => !self.link.shares_device(next),
+        };
+        if !as_is {
+            hop::recycle(self.link, p);
             return self.send_after(self.w.dev.encoder(), span);
         }
         p.from = self.w.rank;
-        let next = self.next();
         hop::post(self.link, next, self.lane, p, &self.w)
     }
 

@@ -267,6 +267,14 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// receiver share the process).
     fn carries_loans(&self, peer: usize) -> bool;
 
+    /// Whether `peer` runs on this end's device, in a group that does not
+    /// meet (ranks of one process in a group spread over several): ring
+    /// steps and point-to-point calls to it send [`Body::Resident`], a
+    /// device copy, where they would lend a host buffer.
+    fn shares_device(&self, _peer: usize) -> bool {
+        false
+    }
+
     /// Whether a loan to `peer` that cannot go as one ([`Self::carries_loans`])
     /// may go as [`Body::Mapped`]: sent out of its mapping, with no copy.
     fn takes_mapped(&self, _peer: usize) -> bool {

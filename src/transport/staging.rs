@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::deadline::{Patience, Ring};
 use crate::device::hostmem::HostImage;
+use crate::device::tensor::Tensor;
 use crate::device::{RankDevice, Signal, Ticket};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::local::{Loan, MAP_FAILED, MAP_PENDING, MAP_READY};
@@ -186,6 +188,13 @@ impl Stager {
     /// Gives back the image [`Self::take_image`] took.
     pub(crate) fn put_image(&mut self, image: HostImage) {
         self.image = Some(image);
+    }
+
+    /// A pooled buffer of `words` words on this device, for bytes sent to
+    /// a rank on the same device: back in the pool when dropped (safe
+    /// while a submission still reads it: later users submit after).
+    pub(crate) fn resident(&self, words: usize) -> Result<Tensor> {
+        Tensor::output(&self.dev, DType::U32, words)
     }
 
     /// Whether ring steps lend their read-back buffers (see the module

@@ -90,7 +90,7 @@ impl Unit for Send {
         let r = p.rank();
         let x = at.ins.first().ok_or_else(|| missing(r))?;
         p.buf = x.buffer().clone();
-        let copy = match at.shared {
+        let copy = match at.shared || p.link.shares_device(self.peer) {
             true => Some(scratch(at.dev, x.words())?),
             false => None,
         };
@@ -163,7 +163,8 @@ impl Unit for Recv {
     fn run(&self, _plan: Plan, p: &mut Prims<'_>, at: &Here<'_>) -> Result<Option<SplitTable>> {
         let out = at.outs.first().ok_or_else(|| missing(p.rank()))?;
         p.buf = out.buffer().clone();
-        p2p::recv(p, self.peer, out.words(), at.shared)?;
+        let on_device = at.shared || p.link.shares_device(self.peer);
+        p2p::recv(p, self.peer, out.words(), on_device)?;
         Ok(None)
     }
 }

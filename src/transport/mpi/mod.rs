@@ -250,6 +250,14 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         self.remote(peer).is_some()
     }
 
+    /// This process's ranks share one device exactly where the groups
+    /// split of them alone meet there.
+    fn shares_device(&self, peer: usize) -> bool {
+        self.layout.splits_meet.is_some()
+            && peer != self.me
+            && self.layout.process_of.get(peer) == Some(&self.hub.process)
+    }
+
     fn lands(&self) -> bool {
         self.layout
             .process_of
