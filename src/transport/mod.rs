@@ -267,10 +267,11 @@ pub(crate) trait Transport<H>: Send + Sync {
     /// receiver share the process).
     fn carries_loans(&self, peer: usize) -> bool;
 
-    /// Whether `peer` runs on this end's device, in a group that does not
-    /// meet (ranks of one process in a group spread over several): ring
-    /// steps and point-to-point calls to it send [`Body::Resident`], a
-    /// device copy, where they would lend a host buffer.
+    /// Whether `peer` runs on this end's device where the group's ranks
+    /// hop rather than meet (ranks of one process sharing its device, in
+    /// a group over MPI): ring steps and point-to-point calls to it send
+    /// [`Body::Resident`], a device copy, where they would lend a host
+    /// buffer.
     fn shares_device(&self, _peer: usize) -> bool {
         false
     }
