@@ -109,5 +109,6 @@ pub use logging::init_logging;
 pub use op::ReduceOp;
 pub use runtime::cost::{Algorithm, CostModel};
 pub use runtime::flight::{FlightEntry, FlightRecord, FlightState};
+pub use runtime::fold_order::FoldOrder;
 pub use runtime::plan::Plan;
 pub use runtime::profile::Profile;

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use wgpu_collectives::{Placement, Plan, ReduceOp, WorldConfig};
+use wgpu_collectives::{FoldOrder, Placement, Plan, ReduceOp, WorldConfig};
 
 use bench::args::{self, Args};
 use bench::{ceiling, report};
@@ -73,6 +73,11 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let placement = Placement::parse(p)
             .ok_or_else(|| format!("--placement {p:?}: auto, shared or per-rank"))?;
         config = config.with_placement(placement);
+    }
+    if let Some(f) = &a.fold_order {
+        let order = FoldOrder::parse(f)
+            .ok_or_else(|| format!("--fold-order {f:?}: canonical or fastest"))?;
+        config = config.with_fold_order(order);
     }
     // `--plan all`: a world per plan besides the planner's own.
     let sweep = a.plan.as_deref() == Some("all");

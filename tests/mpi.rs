@@ -18,6 +18,7 @@
 //! `MPI_THREAD_MULTIPLE`); the application that uses MPI itself is
 //! `examples/mpi_app.rs`. `=junk-<case>` has process 1 send process 0 a
 //! forged message (see `junk`) and checks that process 0 refuses it.
+//! `=two-level` checks the two-level plan (see `two_levels`).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -27,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use common::{Num, check, inputs, ops_for, reference};
 use half::{bf16, f16};
-use wgpu_collectives::{Communicator, Error, ReduceOp, Tune, World, WorldConfig};
+use wgpu_collectives::{
+    Communicator, DType, Error, FoldOrder, Plan, ReduceOp, Tune, World, WorldConfig,
+};
 
 type Check = Result<(), String>;
 /// A check every rank runs, made at run time.
@@ -39,8 +42,14 @@ fn fail(what: &str, e: Error) -> String {
     format!("{what}: {e}")
 }
 
-/// all_reduce of every op on `T` at `lens`, out of place and in place.
+/// all_reduce of every op on `T` at `lens`.
 fn all_reduce<T: Num>(c: &Communicator, lens: &[usize]) -> Check {
+    all_reduce_by::<T>(c, lens, None)
+}
+
+/// [`all_reduce`], each call checked to have run with `plan` where one is
+/// given.
+fn all_reduce_by<T: Num>(c: &Communicator, lens: &[usize], plan: Option<Plan>) -> Check {
     let n = c.size();
     for op in ops_for(T::DTYPE) {
         for &len in lens {
@@ -54,6 +63,10 @@ fn all_reduce<T: Num>(c: &Communicator, lens: &[usize]) -> Check {
                 .and_then(|t| t.to_vec::<T>())
                 .map_err(|e| fail(&what, e))?;
             check(&what, op, &y, &reference::<T>(op, n, len));
+            let ran = last_plan(c);
+            if plan.is_some_and(|p| ran != Some(p)) {
+                return Err(format!("{what}: ran {ran:?}, not {plan:?}"));
+            }
         }
     }
     Ok(())
@@ -740,6 +753,171 @@ fn junk(case: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The plan `c`'s last collective ran with.
+fn last_plan(c: &Communicator) -> Option<Plan> {
+    c.flight_record().ranks[c.rank()]
+        .last()
+        .and_then(|e| e.plan)
+}
+
+/// all_reduce of every op on `T` at `lens`, each in two levels.
+fn in_two_levels<T: Num>(c: &Communicator, lens: &[usize]) -> Check {
+    all_reduce_by::<T>(c, lens, Some(Plan::TwoLevel))
+}
+
+/// A two-level all_reduce in place, over a view the schedule cannot bind
+/// where it lies: the bytes around the view untouched.
+fn in_two_levels_on_a_view(c: &Communicator) -> Check {
+    let len = 100_003;
+    let x = c
+        .tensor(&inputs::<f32>(ReduceOp::Sum, c.rank(), len + 3))
+        .map_err(|e| fail("tensor", e))?;
+    let view = c
+        .wrap_buffer(x.buffer(), 12, DType::F32, len)
+        .map_err(|e| fail("a view", e))?;
+    let _ = c
+        .all_reduce_in_place(&view, ReduceOp::Sum)
+        .and_then(|w| w.wait())
+        .map_err(|e| fail("two-level in place", e))?;
+    let got = x.to_vec::<f32>().map_err(|e| fail("read back", e))?;
+    let mut want = inputs::<f32>(ReduceOp::Sum, c.rank(), 3);
+    let all = reference::<f32>(ReduceOp::Sum, c.size(), len + 3);
+    want.extend_from_slice(&all[3..]);
+    check(
+        "two-level all_reduce in place on a view",
+        ReduceOp::Sum,
+        &got,
+        &want,
+    );
+    if last_plan(c) != Some(Plan::TwoLevel) {
+        return Err(format!("in place: ran {:?}", last_plan(c)));
+    }
+    Ok(())
+}
+
+/// `=two-level`: with `FoldOrder::Fastest` and the two-level plan forced,
+/// every dtype and op against the CPU reference (inputs whose sums are
+/// exact in any order), odd lengths whose shards differ, and in place on
+/// a view. Then, in the canonical order, the forced plan still runs
+/// integers but refuses floats, naming the opt-in.
+fn two_levels() -> ExitCode {
+    let base = WorldConfig::new(2)
+        .with_timeout(Duration::from_secs(20))
+        .with_plan(Some(Plan::TwoLevel));
+    let fastest = match World::from_mpi(base.clone().with_fold_order(FoldOrder::Fastest)) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("World::from_mpi: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let named: Vec<(&str, Box<CheckFn>)> = vec![
+        (
+            "two-level f32",
+            Box::new(|c: &Communicator| in_two_levels::<f32>(c, &[1, 7, 4099, 300_001])),
+        ),
+        (
+            "two-level f16",
+            Box::new(|c: &Communicator| in_two_levels::<f16>(c, &[7, 4099])),
+        ),
+        (
+            "two-level bf16",
+            Box::new(|c: &Communicator| in_two_levels::<bf16>(c, &[7, 4099])),
+        ),
+        (
+            "two-level i32",
+            Box::new(|c: &Communicator| in_two_levels::<i32>(c, &[7, 300_001])),
+        ),
+        (
+            "two-level u32",
+            Box::new(|c: &Communicator| in_two_levels::<u32>(c, &[7, 4099])),
+        ),
+        (
+            "two-level in place on a view",
+            Box::new(in_two_levels_on_a_view),
+        ),
+    ];
+    let mut ok = passes(&fastest, &named);
+    let canonical = match World::from_mpi(base) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("World::from_mpi (canonical): {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let refused: Vec<(&str, Box<CheckFn>)> = vec![
+        (
+            "two-level integers in the canonical order",
+            Box::new(|c: &Communicator| in_two_levels::<i32>(c, &[4099])),
+        ),
+        (
+            "two-level floats refused in the canonical order",
+            Box::new(|c: &Communicator| {
+                let x = c.tensor(&[1.0f32; 64]).map_err(|e| fail("tensor", e))?;
+                // Refused where it is issued; a rank whose peer was refused
+                // first is told so, with the peer's reason.
+                match c.all_reduce(&x, ReduceOp::Sum).and_then(|w| w.wait()) {
+                    Err(
+                        Error::InvalidArgument { what: why, .. }
+                        | Error::PeerFailed { reason: why, .. },
+                    ) if why.contains("FoldOrder::Fastest") => Ok(()),
+                    Err(e) => Err(format!("refused, but not naming the opt-in: {e}")),
+                    Ok(_) => Err("a float all_reduce ran two-level in the canonical order".into()),
+                }
+            }),
+        ),
+    ];
+    ok &= passes(&canonical, &refused);
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs every named check on every rank of `world`, printing a line per
+/// check for this process; whether all passed.
+fn passes(world: &World, named: &[(&str, Box<CheckFn>)]) -> bool {
+    let (processes, local) = world.processes();
+    let me = world.local_ranks();
+    let mut failed = false;
+    for (name, f) in named {
+        let start = Instant::now();
+        let results =
+            world.run(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))));
+        let mut line = Vec::new();
+        match results {
+            Err(e) => {
+                failed = true;
+                line.push(format!("run failed: {e}"));
+            }
+            Ok(rs) => {
+                for (rank, r) in me.clone().zip(rs) {
+                    match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            failed = true;
+                            line.push(format!("rank {rank}: {e}"));
+                        }
+                        Err(_) => {
+                            failed = true;
+                            line.push(format!("rank {rank} panicked"));
+                        }
+                    }
+                }
+            }
+        }
+        let verdict = if line.is_empty() { "ok" } else { "FAILED" };
+        println!(
+            "process {} of {processes} (ranks {me:?}): {name}: {verdict} in {:?} {}",
+            me.start / local.max(1),
+            start.elapsed(),
+            line.join("; ")
+        );
+    }
+    !failed
+}
+
 fn main() -> ExitCode {
     let mode = std::env::var("WGPU_COLLECTIVES_MPI_TEST").unwrap_or_default();
     if mode == "heal" {
@@ -747,6 +925,9 @@ fn main() -> ExitCode {
     }
     if mode == "levels" {
         return thread_levels();
+    }
+    if mode == "two-level" {
+        return two_levels();
     }
     if let Some(case) = mode.strip_prefix("junk-") {
         return junk(case);
@@ -771,8 +952,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (processes, local) = world.processes();
-    let me = world.local_ranks();
     if kill {
         return killed(&world, timeout);
     }
@@ -871,40 +1050,7 @@ fn main() -> ExitCode {
             .iter()
             .map(|&(n, f)| (n, Box::new(f) as Box<CheckFn>)),
     );
-    for (name, f) in &named {
-        let start = Instant::now();
-        let results =
-            world.run(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))));
-        let mut line = Vec::new();
-        match results {
-            Err(e) => {
-                failed = true;
-                line.push(format!("run failed: {e}"));
-            }
-            Ok(rs) => {
-                for (rank, r) in me.clone().zip(rs) {
-                    match r {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            failed = true;
-                            line.push(format!("rank {rank}: {e}"));
-                        }
-                        Err(_) => {
-                            failed = true;
-                            line.push(format!("rank {rank} panicked"));
-                        }
-                    }
-                }
-            }
-        }
-        let verdict = if line.is_empty() { "ok" } else { "FAILED" };
-        println!(
-            "process {} of {processes} (ranks {me:?}): {name}: {verdict} in {:?} {}",
-            me.start / local.max(1),
-            start.elapsed(),
-            line.join("; ")
-        );
-    }
+    failed |= !passes(&world, &named);
     if failed {
         ExitCode::FAILURE
     } else {

@@ -1012,6 +1012,8 @@ impl Communicator {
         // first table and does not heal.
         tuning.heal = None;
         tuning.prefer = None;
+        // Nor does it lie over processes as the world does.
+        tuning.tier = None;
         if inner.group.is_none() && shared::meeting_of(&*endpoint).is_some() {
             tuning.table = None;
         }
@@ -1348,6 +1350,9 @@ impl Communicator {
         inner.endpoint.drain();
         if let Some(g) = &inner.group {
             g.clear();
+        }
+        if let Some(t) = &inner.tuning.tier {
+            t.clear();
         }
         inner.splits.clear();
         lock(&inner.issuer).restart();

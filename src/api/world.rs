@@ -19,6 +19,7 @@ use crate::device::{Import, RankDevice, Wants};
 use crate::error::{Error, Result, panic_message};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::flight::FlightRecord;
+use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -41,6 +42,7 @@ pub struct WorldConfig {
     timeout: Duration,
     algorithm: Option<Algorithm>,
     plan: Option<Option<Plan>>,
+    fold_order: Option<FoldOrder>,
     required_features: wgpu::Features,
     required_limits: Option<wgpu::Limits>,
     flight_depth: Option<usize>,
@@ -77,6 +79,7 @@ impl WorldConfig {
             timeout: Duration::from_secs(60),
             algorithm: None,
             plan: None,
+            fold_order: None,
             required_features: wgpu::Features::empty(),
             required_limits: None,
             flight_depth: None,
@@ -223,6 +226,46 @@ impl WorldConfig {
     pub fn with_plan(mut self, plan: Option<Plan>) -> Self {
         self.plan = Some(plan);
         self
+    }
+
+    /// The fold orders its collectives may take (default: the
+    /// `WGPU_COLLECTIVES_FOLD_ORDER` environment variable, `canonical` or
+    /// `fastest`, else [`FoldOrder::Canonical`]). Under
+    /// [`FoldOrder::Fastest`] a world over processes whose ranks share one
+    /// device each may all-reduce floats in two levels
+    /// ([`Plan::TwoLevel`]): their bits then change with the process
+    /// layout (2 processes x 2 ranks against 1 x 4, say). Integer dtypes
+    /// take such plans whatever this says, since their folds do not depend
+    /// on the order. Every process of a world must ask for the same.
+    ///
+    /// ```
+    /// use wgpu_collectives::{FoldOrder, WorldConfig};
+    ///
+    /// let config = WorldConfig::new(2).with_fold_order(FoldOrder::Fastest);
+    /// # let _ = config;
+    /// ```
+    pub fn with_fold_order(mut self, order: FoldOrder) -> Self {
+        self.fold_order = Some(order);
+        self
+    }
+
+    /// The fold orders allowed: `with_fold_order`'s, else
+    /// `WGPU_COLLECTIVES_FOLD_ORDER`'s, else canonical.
+    pub(crate) fn fold_order(&self) -> Result<FoldOrder> {
+        if let Some(f) = self.fold_order {
+            return Ok(f);
+        }
+        match std::env::var("WGPU_COLLECTIVES_FOLD_ORDER") {
+            Ok(s) if !s.trim().is_empty() => {
+                FoldOrder::parse(&s).ok_or_else(|| Error::InvalidArgument {
+                    rank: None,
+                    what: format!(
+                        "WGPU_COLLECTIVES_FOLD_ORDER={s:?}: expected canonical or fastest"
+                    ),
+                })
+            }
+            _ => Ok(FoldOrder::Canonical),
+        }
     }
 
     /// Whether the world times its plans on its devices when it is made,
@@ -467,6 +510,8 @@ impl WorldConfig {
             table: None,
             heal: None,
             prefer: None,
+            fold: self.fold_order()?,
+            tier: None,
         })
     }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crossbeam::channel::RecvTimeoutError;
 
+use crate::algo::direct::Steps;
 use crate::api::bootstrap::{check, devices_on, find_adapters};
 use crate::api::placement::Placement;
 use crate::api::tune::{self, Over, Tune, Tuned};
@@ -26,12 +27,14 @@ use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
 use crate::runtime::heal::span::Span;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
+use crate::runtime::two_level::Tier;
 use crate::transport::MakePlace;
 use crate::transport::mpi::hub::{Hub, Notice, Route, Start};
 use crate::transport::mpi::{Layout, ends, split_id};
@@ -202,6 +205,7 @@ impl World {
             modes.iter().position(|&m| m == mode).unwrap_or(0) as u64,
             gift,
             u64::from(config.heals()?),
+            u64::from(config.fold_order()? == FoldOrder::Fastest),
         ];
         let said = hub
             .all_gather(mine.clone(), config.timeout())
@@ -214,7 +218,7 @@ impl World {
                 .chunks(mine.len())
                 .enumerate()
                 .map(|(process, s)| match s {
-                    [l, n, a, t, p, m, g, h] => {
+                    [l, n, a, t, p, m, g, h, f] => {
                         let a = [
                             Algorithm::Auto,
                             Algorithm::Ring,
@@ -235,10 +239,17 @@ impl World {
                             format!("{g:016x}")
                         };
                         let heal = if *h == 0 { "off" } else { "on" };
+                        let fold = if *f == 0 {
+                            FoldOrder::Canonical
+                        } else {
+                            FoldOrder::Fastest
+                        };
                         format!(
                             "process {process}: {l} ranks, world #{n}, algorithm {a}, plan {plan}, \
                              timeout {t} ms, WGPU_COLLECTIVES_TUNE={mode}, table given by \
-                             with_tune_table {table}, WGPU_COLLECTIVES_HEAL={heal}"
+                             with_tune_table {table}, WGPU_COLLECTIVES_HEAL={heal}, \
+                             WGPU_COLLECTIVES_FOLD_ORDER={}",
+                            fold.name()
                         )
                     }
                     _ => format!("process {process}: ?"),
@@ -301,6 +312,24 @@ impl World {
             .first()
             .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
         let splits_meet = one_device.then_some(crate::runtime::shared::place as MakePlace);
+        // Two-level plans run where every process's ranks share one
+        // device whose kernels can bind them all: agreed, as every
+        // process must offer the planner the same plans.
+        let can = one_device && Steps::can_reduce(first, local);
+        let tiered = local >= 2
+            && processes >= 2
+            && hub
+                .all_gather(vec![u64::from(can)], config.timeout())
+                .map_err(|what| Error::Transport {
+                    process: Some(process),
+                    what,
+                })?
+                .iter()
+                .all(|&c| c == 1);
+        let tier = |host_fold: bool| {
+            tiered.then(|| Arc::new(Tier::new(base, local, processes, host_fold)))
+        };
+        tuning.tier = tier(tuning.host_fold);
         let place = Place {
             hub: &hub,
             number,
@@ -324,6 +353,9 @@ impl World {
                 tuning.host_fold &= t.table.host_fold;
             }
         }
+        // The exchange between processes folds on the host as the final
+        // tuning says (a given table may have turned the host ring off).
+        tuning.tier = tier(tuning.host_fold);
         let group = split_id(u64::MAX, number, u32::MAX);
         if let Some(t) = tuned.as_ref().filter(|t| t.heals) {
             // Every process decides alike whether it heals: the table, the

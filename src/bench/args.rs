@@ -141,7 +141,9 @@ fn parse_roots(s: &str) -> Result<Roots, String> {
                   WGPU_ADAPTER_NAME              only adapters whose name contains it (llvmpipe)\n  \
                   WGPU_COLLECTIVES_PLACEMENT     auto, shared or per-rank (or --placement)\n  \
                   WGPU_COLLECTIVES_PLAN          force a plan (or --plan): auto, direct, device-ring, host-ring, one-shot,\n  \
-                                                 chain, pairwise, star (where the collective offers it)\n  \
+                                                 chain, pairwise, star, two-level (where the collective offers it)\n  \
+                  WGPU_COLLECTIVES_FOLD_ORDER    canonical or fastest (or --fold-order): fastest lets floats take\n  \
+                                                 two-level plans across processes, whose bits depend on the layout\n  \
                   WGPU_COLLECTIVES_TUNE          time the plans when the world is made: off, cached, measure\n  \
                   WGPU_COLLECTIVES_TUNE_CACHE    where tuning tables are cached (~/.cache/wgpu-collectives)\n  \
                   WGPU_COLLECTIVES_ALGO          all-reduce algorithm: auto, ring, oneshot, direct\n  \
@@ -226,6 +228,13 @@ pub struct Args {
     /// or per-rank.
     #[arg(long, value_name = "PLACEMENT")]
     pub placement: Option<String>,
+
+    /// The fold orders collectives may take (as
+    /// WGPU_COLLECTIVES_FOLD_ORDER): canonical, or fastest, which lets a
+    /// world over MPI all-reduce floats in two levels (its bits then
+    /// depend on the process layout).
+    #[arg(long, value_name = "ORDER")]
+    pub fold_order: Option<String>,
 
     /// Seconds any collective may wait for its peers.
     #[arg(long, default_value_t = 60)]

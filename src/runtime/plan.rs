@@ -36,11 +36,18 @@ pub enum Plan {
     Star,
     /// send and receive: one hop between a pair.
     PointToPoint,
+    /// all_reduce over processes whose ranks share one device each: the
+    /// direct kernels reduce each process's ranks into shards on their
+    /// device, one rank per process and shard runs the ring between
+    /// processes on its shard, and device copies spread the result. Its
+    /// fold order differs from the ring's, so for floating-point dtypes it
+    /// runs only under [`FoldOrder::Fastest`](crate::FoldOrder::Fastest).
+    TwoLevel,
 }
 
 impl Plan {
     /// Every plan, in the order the benchmark sweeps them.
-    pub const ALL: [Plan; 8] = [
+    pub const ALL: [Plan; 9] = [
         Plan::Direct,
         Plan::DeviceRing,
         Plan::HostRing,
@@ -49,10 +56,11 @@ impl Plan {
         Plan::Pairwise,
         Plan::Star,
         Plan::PointToPoint,
+        Plan::TwoLevel,
     ];
 
     /// The plan named `s` (`direct`, `device-ring`, `host-ring`,
-    /// `one-shot`, `chain`, `pairwise`, `star`, `p2p`), as
+    /// `one-shot`, `chain`, `pairwise`, `star`, `p2p`, `two-level`), as
     /// `WGPU_COLLECTIVES_PLAN` takes them; `_` and `-` are alike.
     pub fn parse(s: &str) -> Option<Plan> {
         let s = s.trim().to_ascii_lowercase().replace('_', "-");
@@ -65,6 +73,7 @@ impl Plan {
             "pairwise" => Some(Plan::Pairwise),
             "star" => Some(Plan::Star),
             "p2p" | "point-to-point" => Some(Plan::PointToPoint),
+            "two-level" | "twolevel" => Some(Plan::TwoLevel),
             _ => None,
         }
     }
@@ -80,6 +89,7 @@ impl Plan {
             Plan::Pairwise => "pairwise",
             Plan::Star => "star",
             Plan::PointToPoint => "p2p",
+            Plan::TwoLevel => "two-level",
         }
     }
 

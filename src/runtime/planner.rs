@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use crate::runtime::collectives::Collective;
 use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
+use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
 use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
+use crate::runtime::two_level::Tier;
 
 /// What the planner chooses from: what the user
 /// forced, and figures measured on rank 0's device that every rank shares.
@@ -41,6 +43,12 @@ pub(crate) struct Tuning {
     pub heal: Option<Arc<Heal>>,
     /// The plan this call runs where it can, as healing explores.
     pub prefer: Option<Plan>,
+    /// The fold orders collectives may take (agreed by every process).
+    pub fold: FoldOrder,
+    /// How the world's ranks lie over processes that each hold ranks on
+    /// one device: where two-level plans can run (a world over MPI's; not
+    /// a split's).
+    pub tier: Option<Arc<Tier>>,
 }
 
 impl Tuning {
@@ -119,6 +127,27 @@ pub(crate) fn bytes_of(what: &Collective) -> Option<usize> {
         .and_then(|(len, dtype)| len.checked_mul(dtype.size()))
 }
 
+/// Whether a two-level plan can run `what` on `n` ranks, or why not:
+/// where the world's processes each hold ranks on one device, and the
+/// fold orders allowed free the collective's dtype. The same on every
+/// rank: the tier and the fold order were agreed by every process.
+fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), String> {
+    let tier = tuning.tier.as_ref().ok_or_else(|| {
+        "it runs across processes whose ranks share one device each (a world over MPI, \
+         not a split of one)"
+            .to_string()
+    })?;
+    if let Some(dtype) = what.dtype().filter(|&d| !tuning.fold.frees(d)) {
+        return Err(format!(
+            "its fold order depends on the process layout, so {} runs it only under \
+             FoldOrder::Fastest (WorldConfig::with_fold_order, \
+             WGPU_COLLECTIVES_FOLD_ORDER=fastest)",
+            dtype.name()
+        ));
+    }
+    tier.fits(n)
+}
+
 /// Whether the direct kernels can run a collective here: `None` when the
 /// ranks do not share a device, else `Ok` or why they cannot.
 pub(crate) type DirectVerdict = Option<Result<(), String>>;
@@ -136,7 +165,14 @@ pub(crate) fn choose(
 ) -> Result<Plan, String> {
     let kind = what.kind();
     let offers = what.plans();
+    let two_level = two_level(tuning, what, n);
     if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
+        if let (Plan::TwoLevel, Err(why)) = (forced, &two_level) {
+            return Err(format!(
+                "the plan two-level was forced, but it cannot run {}: {why}",
+                kind.name()
+            ));
+        }
         return match (forced, direct) {
             (Plan::Direct, None) => Err(format!(
                 "the plan direct was forced, but the {n} ranks do not share one device: its \
@@ -169,6 +205,7 @@ pub(crate) fn choose(
             let allowed = |p: Plan| {
                 offers.contains(&p)
                     && (p != Plan::Direct || direct_ok)
+                    && (p != Plan::TwoLevel || two_level.is_ok())
                     && (p != Plan::HostRing || tuning.host_fold)
                     && (p != Plan::OneShot
                         || table
@@ -208,4 +245,113 @@ pub(crate) fn choose(
         .copied()
         .find(|&p| p != Plan::Direct)
         .unwrap_or(Plan::PointToPoint))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::op::ReduceOp;
+    use crate::runtime::collectives::all_reduce::AllReduce;
+
+    /// A table in which the two-level plan is the fastest all_reduce at
+    /// every size, the host ring the next.
+    fn two_level_fastest() -> Arc<Table> {
+        let text = "wgpu-collectives tuning 3\nkey test\n\
+                    all_reduce two-level 65536:1e-4~0.02 16777216:1e-2~0.02\n\
+                    all_reduce host-ring 65536:2e-4~0.02 16777216:2e-2~0.02\n\
+                    all_reduce device-ring 65536:3e-4~0.02 16777216:3e-2~0.02\n\
+                    host-fold same-bits\nkernel-units 1\nend\n";
+        Arc::new(Table::from_text(text, None).unwrap())
+    }
+
+    /// 2 processes x 2 ranks on one device each, deciding by `table`.
+    fn tuning(fold: FoldOrder, tier: bool, plan: Option<Plan>) -> Tuning {
+        Tuning {
+            algorithm: Algorithm::Auto,
+            plan,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table: Some(two_level_fastest()),
+            heal: None,
+            prefer: None,
+            fold,
+            tier: tier.then(|| Arc::new(Tier::new(2, 2, 2, true))),
+        }
+    }
+
+    fn all_reduce(dtype: DType) -> Collective {
+        AllReduce {
+            dtype,
+            len: 1 << 20,
+            op: ReduceOp::Sum,
+        }
+        .into()
+    }
+
+    #[test]
+    fn floats_take_the_two_level_plan_only_when_the_fold_order_is_free() {
+        let canonical = tuning(FoldOrder::Canonical, true, None);
+        let fastest = tuning(FoldOrder::Fastest, true, None);
+        // Floats keep the canonical order's fastest plan unless the user
+        // opted in; integers take the two-level plan either way.
+        assert_eq!(
+            choose(&canonical, &all_reduce(DType::F32), 4, &None),
+            Ok(Plan::HostRing)
+        );
+        assert_eq!(
+            choose(&canonical, &all_reduce(DType::BF16), 4, &None),
+            Ok(Plan::HostRing)
+        );
+        assert_eq!(
+            choose(&fastest, &all_reduce(DType::F32), 4, &None),
+            Ok(Plan::TwoLevel)
+        );
+        assert_eq!(
+            choose(&canonical, &all_reduce(DType::I32), 4, &None),
+            Ok(Plan::TwoLevel)
+        );
+        assert_eq!(
+            choose(&canonical, &all_reduce(DType::U32), 4, &None),
+            Ok(Plan::TwoLevel)
+        );
+        // Without processes sharing a device each, or over a group that
+        // is not the world's shape, never.
+        let flat = tuning(FoldOrder::Fastest, false, None);
+        assert_eq!(
+            choose(&flat, &all_reduce(DType::I32), 4, &None),
+            Ok(Plan::HostRing)
+        );
+        assert_eq!(
+            choose(&fastest, &all_reduce(DType::I32), 2, &None),
+            Ok(Plan::HostRing)
+        );
+    }
+
+    #[test]
+    fn a_forced_two_level_plan_that_cannot_run_says_why() {
+        let forced = tuning(FoldOrder::Canonical, true, Some(Plan::TwoLevel));
+        let why = choose(&forced, &all_reduce(DType::F32), 4, &None).unwrap_err();
+        assert!(why.contains("FoldOrder::Fastest"), "{why}");
+        assert_eq!(
+            choose(&forced, &all_reduce(DType::I32), 4, &None),
+            Ok(Plan::TwoLevel)
+        );
+        let flat = tuning(FoldOrder::Fastest, false, Some(Plan::TwoLevel));
+        let why = choose(&flat, &all_reduce(DType::F32), 4, &None).unwrap_err();
+        assert!(why.contains("across processes"), "{why}");
+        let odd = tuning(FoldOrder::Fastest, true, Some(Plan::TwoLevel));
+        let why = choose(&odd, &all_reduce(DType::F32), 6, &None).unwrap_err();
+        assert!(why.contains("2 processes x 2 ranks of 6"), "{why}");
+    }
 }

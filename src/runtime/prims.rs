@@ -173,19 +173,34 @@ pub(crate) struct Prims<'a> {
     pub stamps: Option<&'a mut Timestamps>,
     /// A send's receipt, carried by its first packet.
     pub receipt: Option<Receipt>,
+    /// Where the ring runs over some of the group's ranks only (a
+    /// two-level plan's exchange between processes): this rank's place
+    /// among them, and the ranks in ring order (`nranks` of them).
+    pub ring: Option<(usize, Arc<[usize]>)>,
 }
 
 impl<'a> Prims<'a> {
+    /// This rank's place in the ring.
     pub(crate) fn rank(&self) -> usize {
-        self.w.rank
+        self.ring.as_ref().map_or(self.w.rank, |(at, _)| *at)
     }
 
+    /// The rank of the group at place `at` of the ring.
+    fn member(&self, at: usize) -> usize {
+        match &self.ring {
+            Some((_, members)) => members.get(at).copied().unwrap_or(usize::MAX),
+            None => at,
+        }
+    }
+
+    /// The next rank of the ring, as the group numbers it.
     pub(crate) fn next(&self) -> usize {
-        (self.w.rank + 1) % self.nranks
+        self.member((self.rank() + 1) % self.nranks)
     }
 
+    /// The previous rank of the ring, as the group numbers it.
     pub(crate) fn prev(&self) -> usize {
-        (self.w.rank + self.nranks - 1) % self.nranks
+        self.member((self.rank() + self.nranks - 1) % self.nranks)
     }
 
     /// Words of the storage-offset alignment: every slice a kernel binds

@@ -472,6 +472,7 @@ impl Progress {
                 None
             },
             receipt: None,
+            ring: None,
         };
         // Views the schedules cannot work on where they lie are staged,
         // unless the plan's steps work on whole words anywhere.
@@ -490,6 +491,7 @@ impl Progress {
             state,
             health: &self.health,
             shared: self.group.is_some(),
+            tier: self.tuning.tier.as_deref(),
         };
         let table = unit.run(plan, &mut p, &here)?;
         staged.copy_back(&mut p, &dev)?;

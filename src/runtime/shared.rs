@@ -96,22 +96,7 @@ pub(crate) fn run(
         w.fp.seq,
         arrival,
         &w.patience(),
-        |absent| {
-            for &peer in absent {
-                if w.health.is_gone(peer) {
-                    // A peer that left after a failure is reported with that failure.
-                    w.health.check(w.rank, &w.fp)?;
-                    return Err(w.peer_failed(
-                        peer,
-                        format!(
-                            "rank {peer} returned from its closure without issuing {}",
-                            w.fp
-                        ),
-                    ));
-                }
-            }
-            Ok(())
-        },
+        |absent| w.none_left(absent.iter().copied()),
         |all| host(w, tuning, all, stamps),
     )?
 }

@@ -60,6 +60,27 @@ impl Waiter<'_> {
     }
 }
 
+impl Waiter<'_> {
+    /// Ends a wait for the ranks `absent` as soon as one of them has left
+    /// the run: with the failure it left after, else as a rank that
+    /// returned from its closure without issuing this collective.
+    pub(crate) fn none_left(&self, absent: impl IntoIterator<Item = usize>) -> Result<()> {
+        for peer in absent {
+            if self.health.is_gone(peer) {
+                self.health.check(self.rank, &self.fp)?;
+                return Err(self.peer_failed(
+                    peer,
+                    format!(
+                        "rank {peer} returned from its closure without issuing {}",
+                        self.fp
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Watch for Waiter<'_> {
     fn check(&self) -> Result<()> {
         self.health.check(self.rank, &self.fp)

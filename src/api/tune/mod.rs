@@ -300,6 +300,8 @@ mod tests {
             table: None,
             heal: None,
             prefer: None,
+            fold: crate::FoldOrder::Canonical,
+            tier: None,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::runtime::collectives::broadcast::Broadcast;
 use crate::runtime::collectives::reduce_scatter::ReduceScatter;
 use crate::runtime::estimate::{self, Ask, Series};
 use crate::runtime::fingerprint::Kind;
+use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
 use crate::runtime::shared;
@@ -118,7 +119,10 @@ pub(crate) fn measure_over(
     let mut worlds: Vec<(Plan, World)> = Vec::new();
     let mut contenders: Vec<(Kind, Plan)> = Vec::new();
     for (i, plan) in Plan::ALL.into_iter().enumerate() {
-        if (plan == Plan::Direct && !meets) || (plan == Plan::HostRing && !tuning.host_fold) {
+        if (plan == Plan::Direct && !meets)
+            || (plan == Plan::HostRing && !tuning.host_fold)
+            || (plan == Plan::TwoLevel && tuning.tier.is_none())
+        {
             continue;
         }
         let offered: Vec<Kind> = kinds
@@ -129,11 +133,16 @@ pub(crate) fn measure_over(
         if offered.is_empty() {
             continue;
         }
+        // The two-level plan is timed on floats like the others (its
+        // time does not depend on the dtype's fold order), at a meeting
+        // of its own; the planner runs it only where the order allows.
         let forced = Tuning {
             plan: Some(plan),
             table: None,
             heal: None,
             prefer: None,
+            fold: FoldOrder::Fastest,
+            tier: tuning.tier.as_ref().map(|t| Arc::new(t.fresh())),
             ..tuning.clone()
         };
         let links = (over.links)(i)?;

@@ -4,7 +4,10 @@
 //! (`Direct`); between devices the ring with WGSL reduction kernels on
 //! each rank's device (`DeviceRing`), the same ring folded on the host
 //! (`HostRing`), or every rank reducing every part (`OneShot`). All fold
-//! each part in the ring's order, so all give the same bits.
+//! each part in the ring's order, so all give the same bits; across
+//! processes sharing a device each, the two-level plan (`TwoLevel`,
+//! `runtime/two_level.rs`) folds in an order of its own, and runs only
+//! where the fold order allows it.
 #![allow(
     clippy::arithmetic_side_effects,
     reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
@@ -25,6 +28,7 @@ use crate::runtime::host_oneshot;
 use crate::runtime::host_ring::HostSteps;
 use crate::runtime::plan::Plan;
 use crate::runtime::prims::Prims;
+use crate::runtime::two_level;
 
 /// An all-reduce of `len` elements.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +73,7 @@ impl Unit for AllReduce {
             Plan::DeviceRing,
             Plan::HostRing,
             Plan::OneShot,
+            Plan::TwoLevel,
         ]
     }
 
@@ -110,21 +115,38 @@ impl Unit for AllReduce {
         let (Some(x), Some(out)) = (at.ins.first(), at.outs.first()) else {
             return Err(missing(p.rank()));
         };
+        let fold = HostFold {
+            dtype: x.dtype(),
+            op: self.op,
+            ranks: u32::try_from(n).unwrap_or(u32::MAX),
+        };
         if plan == Plan::HostRing {
-            on_host(p, x, out, self.op, n)?;
+            on_host(p, x, out, fold)?;
+            return Ok(None);
+        }
+        if plan == Plan::TwoLevel {
+            let tier = at.tier.ok_or_else(|| {
+                p.w.device_error("the plan two-level ran without a tier (a bug)".into())
+            })?;
+            // The shard between processes: on the host where the host
+            // folds this adapter's bits, as between separate devices.
+            two_level::all_reduce(p, at.dev, tier, (x, out), self.op, |p, shard| {
+                if tier.host_fold {
+                    on_host(p, shard, shard, fold)
+                } else {
+                    ring::all_reduce(p, shard.words())
+                }
+            })?;
             return Ok(None);
         }
         // Between devices that import host memory, the one-shot folds
         // there (the same bits).
-        if plan == Plan::OneShot && n > 1 && x.words() > 0 {
-            let fold = HostFold {
-                dtype: x.dtype(),
-                op: self.op,
-                ranks: u32::try_from(n).unwrap_or(u32::MAX),
-            };
-            if host_oneshot::all_reduce(p, x, out, fold)? {
-                return Ok(None);
-            }
+        if plan == Plan::OneShot
+            && n > 1
+            && x.words() > 0
+            && host_oneshot::all_reduce(p, x, out, fold)?
+        {
+            return Ok(None);
         }
         // Out of place, the input is copied first and reduced in place.
         // Reading it where it lies instead (a kernel writing dst = op(x,
@@ -150,13 +172,9 @@ impl Unit for AllReduce {
 
 /// An all-reduce as the ring on the host (`algo/fold.rs`): down once from
 /// the input, the ring's steps on a host image, up once into the output
-/// (no device copy of the input into the output first).
-fn on_host(p: &mut Prims, x: &Tensor, out: &Tensor, op: ReduceOp, n: usize) -> Result<()> {
-    let fold = HostFold {
-        dtype: x.dtype(),
-        op,
-        ranks: u32::try_from(n).unwrap_or(u32::MAX),
-    };
+/// (no device copy of the input into the output first). `fold` says how
+/// (its dtype may differ from the tensors', which may be words).
+fn on_host(p: &mut Prims, x: &Tensor, out: &Tensor, fold: HostFold) -> Result<()> {
     // The image holds the ring's padded words; only the view's own bytes
     // come down and go up.
     let words = x.words();

@@ -131,6 +131,9 @@ pub(crate) struct Here<'a> {
     pub state: &'a Arc<WorkState>,
     pub health: &'a Arc<Health>,
     pub shared: bool,
+    /// How the world's ranks lie over processes sharing a device each,
+    /// where two-level plans can run.
+    pub tier: Option<&'a crate::runtime::two_level::Tier>,
 }
 
 /// One collective, as a unit.

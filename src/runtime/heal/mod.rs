@@ -917,6 +917,8 @@ mod tests {
             table,
             heal: None,
             prefer,
+            fold: crate::FoldOrder::Canonical,
+            tier: None,
         }
     }
 

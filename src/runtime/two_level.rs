@@ -1,0 +1,288 @@
+//! all_reduce in two levels across processes whose ranks share one device
+//! each, as Horovod's hierarchical all_reduce and NCCL's trees between
+//! nodes do: the ring between separate devices is the slow part of a
+//! world spread over processes, while ranks on one device reduce with the
+//! direct kernels at the device's own speed. So:
+//!
+//! 1. each process's ranks meet on their device, and one submission folds
+//!    chunk c of every rank's input into rank c's shard (the direct
+//!    kernels, in the order of `Steps::reduce_from`);
+//! 2. the ranks holding shard c, one per process, all-reduce it over a
+//!    ring between processes (the host ring where the host folds this
+//!    adapter's bits, else the device ring), which applies Avg's division
+//!    by the world's size at its last fold;
+//! 3. the process's ranks meet again, and one submission copies every
+//!    shard into every rank's output.
+//!
+//! Each element is folded over its process's ranks first, then over the
+//! processes: an order that depends on the process layout, so for
+//! floating-point dtypes the plan runs only under `FoldOrder::Fastest`
+//! (`fold_order.rs`). Only the schedule lives here; the planner decides
+//! when it runs (`planner.rs`).
+#![allow(
+    clippy::arithmetic_side_effects,
+    reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
+)]
+
+use std::sync::Arc;
+
+use crate::algo::PART_ALIGN_BYTES;
+use crate::algo::direct::Steps;
+use crate::device::tensor::Tensor;
+use crate::device::{RankDevice, Ticket};
+use crate::error::{Error, Result};
+use crate::op::ReduceOp;
+use crate::runtime::collectives::scratch;
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::prims::Prims;
+use crate::transport::shared::Meeting;
+
+/// What a rank hands to its process's meeting: the buffer a phase reads
+/// and the one it writes.
+struct Hand {
+    fp: Fingerprint,
+    src: wgpu::Buffer,
+    dst: wgpu::Buffer,
+}
+
+/// Where one process's ranks meet on their shared device, and how the
+/// world's ranks lie over the processes.
+pub(crate) struct Tier {
+    meeting: Arc<Meeting<Hand, Result<Ticket>>>,
+    /// This process's first rank.
+    base: usize,
+    /// Ranks per process.
+    local: usize,
+    /// For each local rank l, the ranks of the ring between processes
+    /// that its shard takes: l, l + local, l + 2·local, ...
+    rings: Vec<Arc<[usize]>>,
+    /// Whether the exchange between processes folds on the host (the
+    /// host ring), as the planner's rule for separate devices says.
+    pub host_fold: bool,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tier({} processes x {} ranks, from rank {})",
+            self.rings.first().map_or(0, |r| r.len()),
+            self.local,
+            self.base
+        )
+    }
+}
+
+impl Tier {
+    /// The tier of a process whose `local` ranks, from `base`, share one
+    /// device, in a world of `processes` such processes.
+    pub(crate) fn new(base: usize, local: usize, processes: usize, host_fold: bool) -> Tier {
+        Tier {
+            meeting: Arc::new(Meeting::new(local)),
+            base,
+            local,
+            rings: (0..local)
+                .map(|l| (0..processes).map(|q| q * local + l).collect())
+                .collect(),
+            host_fold,
+        }
+    }
+
+    /// The same layout with a meeting of its own (a timing world's).
+    pub(crate) fn fresh(&self) -> Tier {
+        Tier {
+            meeting: Arc::new(Meeting::new(self.local)),
+            rings: self.rings.clone(),
+            ..*self
+        }
+    }
+
+    /// Forgets what a failed run left at the meeting.
+    pub(crate) fn clear(&self) {
+        self.meeting.clear();
+    }
+
+    /// Whether the plan can run over a group of `n` ranks, or why not
+    /// (whether the device can bind what the direct kernels need was
+    /// agreed by every process when the tier was made).
+    pub(crate) fn fits(&self, n: usize) -> std::result::Result<(), String> {
+        let processes = self.rings.first().map_or(0, |r| r.len());
+        if self.local < 2 || processes < 2 || self.local * processes != n {
+            return Err(format!(
+                "it needs 2 or more processes of 2 or more ranks on one device each, \
+                 and this group is {processes} processes x {} ranks of {n}",
+                self.local
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// All-reduces `x` into `out` with `op` on this rank (`p.w.rank`) of a
+/// world laid out as `tier` says, on `dev`; `exchange` all-reduces a shard
+/// (words of `x`'s dtype) over the ring `p` is set to, between processes.
+pub(crate) fn all_reduce(
+    p: &mut Prims<'_>,
+    dev: &Arc<RankDevice>,
+    tier: &Tier,
+    (x, out): (&Tensor, &Tensor),
+    op: ReduceOp,
+    exchange: impl FnOnce(&mut Prims<'_>, &Tensor) -> Result<()>,
+) -> Result<()> {
+    let rank = p.w.rank;
+    let l = rank
+        .checked_sub(tier.base)
+        .filter(|&l| l < tier.local)
+        .ok_or_else(|| {
+            p.w.device_error(format!(
+                "rank {rank} is not one of this process's ranks {}..{}",
+                tier.base,
+                tier.base + tier.local
+            ))
+        })?;
+    let words = x.words();
+    if words == 0 {
+        return Ok(());
+    }
+    let align = p.align_words().max(PART_ALIGN_BYTES / 4);
+    let q = words.div_ceil(tier.local).div_ceil(align) * align;
+    let span = |c: usize| {
+        let from = (c * q).min(words);
+        (from, q.min(words - from))
+    };
+    let dtype = x.dtype();
+    let shard = scratch(dev, span(l).1.max(1))?;
+    let round = p.w.fp.seq.wrapping_mul(2);
+
+    // 1. Chunk c of every rank's input, folded into rank c's shard. Avg
+    //    sums here; the exchange's last fold divides by the world's size.
+    let fold_op = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    meet(
+        p,
+        tier,
+        l,
+        round,
+        (x.buffer(), shard.buffer()),
+        |steps, hands| {
+            let xs: Vec<&wgpu::Buffer> = hands.iter().map(|h| &h.src).collect();
+            for (c, h) in hands.iter().enumerate() {
+                let (from, len) = span(c);
+                steps.reduce_from(
+                    dtype,
+                    fold_op,
+                    &xs,
+                    c,
+                    from as u64 * 4,
+                    &h.dst,
+                    len as u64 * 4,
+                )?;
+            }
+            Ok(())
+        },
+    )?;
+
+    // 2. The shard over the ring of its holders in every process.
+    if span(l).1 > 0 {
+        let ring = tier.rings.get(l).cloned().unwrap_or_else(|| Arc::from([]));
+        let place = tier.base / tier.local.max(1);
+        let saved = (
+            p.nranks,
+            p.ring.replace((place, ring.clone())),
+            std::mem::replace(&mut p.buf, shard.buffer().clone()),
+        );
+        p.nranks = ring.len();
+        let exchanged = exchange(p, &shard);
+        (p.nranks, p.ring, p.buf) = saved;
+        exchanged?;
+    }
+
+    // 3. Every shard into every rank's output.
+    let ticket = meet(
+        p,
+        tier,
+        l,
+        round.wrapping_add(1),
+        (shard.buffer(), out.buffer()),
+        |steps, hands| {
+            for (c, h) in hands.iter().enumerate() {
+                let (from, len) = span(c);
+                for to in hands {
+                    steps.copy(&h.src, 0, &to.dst, from as u64 * 4, len as u64 * 4);
+                }
+            }
+            Ok(())
+        },
+    )?;
+    p.last = Some(ticket);
+    Ok(())
+}
+
+/// Meets the process's other ranks in `round` with this rank's `(src,
+/// dst)`; the last to come records `steps` over every rank's hands (in
+/// local rank order) into one encoder and submits it. Returns that
+/// submission.
+fn meet(
+    p: &Prims<'_>,
+    tier: &Tier,
+    l: usize,
+    round: u64,
+    (src, dst): (&wgpu::Buffer, &wgpu::Buffer),
+    steps: impl FnOnce(&mut Steps<'_>, &[Hand]) -> Result<()>,
+) -> Result<Ticket> {
+    let w = &p.w;
+    let hand = Hand {
+        fp: w.fp,
+        src: src.clone(),
+        dst: dst.clone(),
+    };
+    tier.meeting.meet(
+        l,
+        round,
+        hand,
+        &w.patience(),
+        |absent| w.none_left(absent.iter().map(|&i| tier.base + i)),
+        |hands| {
+            let n = hands.len();
+            let rank = |i: usize| tier.base + i;
+            if let Some(odd) = hands.iter().position(|h| h.fp != w.fp) {
+                let theirs = hands[odd].fp.to_string();
+                return (0..n)
+                    .map(|i| {
+                        Err(Error::Mismatch {
+                            rank: rank(i),
+                            seq: hands[i].fp.seq,
+                            ours: hands[i].fp.to_string(),
+                            peer: rank(odd),
+                            theirs: theirs.clone(),
+                            flight: w.health.flight.report(),
+                        })
+                    })
+                    .collect();
+            }
+            let dev = w.dev;
+            let mut s = Steps {
+                dev,
+                enc: dev.encoder(),
+                n,
+                align: dev.binding_align(),
+                stamps: None,
+            };
+            let done = steps(&mut s, &hands).and_then(|()| dev.submit(s.enc, Some(w.fp.seq)));
+            (0..n)
+                .map(|i| match &done {
+                    Ok(t) => Ok(*t),
+                    Err(e) if rank(i) == w.rank => Err(e.clone()),
+                    Err(e) => Err(Error::device(
+                        rank(i),
+                        Some(w.fp.seq),
+                        format!("the device this rank shares failed the collective: {e}"),
+                    )),
+                })
+                .collect()
+        },
+    )?
+}
