@@ -186,6 +186,8 @@ fn plans_on(placement: Placement) -> Vec<Plan> {
     Plan::ALL
         .into_iter()
         .filter(|&p| p != Plan::PointToPoint)
+        // Across processes only: tests/mpi.rs runs it under mpirun.
+        .filter(|&p| p != Plan::TwoLevel)
         .filter(|&p| p != Plan::Direct || placement == Placement::SharedDevice)
         .collect()
 }
@@ -213,6 +215,28 @@ fn every_plan_forced_gives_the_reference_on_both_placements() {
                 every_collective_under::<half::f16>(&w, plan, half_len);
             }
         }
+    }
+}
+
+#[test]
+fn forcing_two_levels_in_one_process_is_refused_with_the_reason() {
+    let w = world(2, Placement::SharedDevice, Some(Plan::TwoLevel))
+        .unwrap_or_else(|e| panic!("a world forcing two-level: {e}"));
+    let got = w.run(|c| -> Result<(), Error> {
+        let x = c.tensor(&[1i32; 16])?;
+        let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
+        Ok(())
+    });
+    let got = got.unwrap_or_else(|e| panic!("the run: {e}"));
+    for r in got {
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("two-level ran in one process"));
+        let text = e.to_string();
+        assert!(
+            text.contains("two-level") && text.contains("across processes"),
+            "{text}"
+        );
     }
 }
 

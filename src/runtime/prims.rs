@@ -829,7 +829,7 @@ impl<'a> Prims<'a> {
 
     /// Waits for this rank's own submission `t`, with the collective's
     /// deadline (a peer's failure or an abort ends it too).
-    fn wait_own(&self, t: Ticket, what: &str) -> Result<()> {
+    pub(crate) fn wait_own(&self, t: Ticket, what: &str) -> Result<()> {
         let dev = self.w.dev;
         let bell: Arc<dyn Ring> = dev.map_signal();
         self.w.until(

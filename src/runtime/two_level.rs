@@ -10,7 +10,9 @@
 //! 2. the ranks holding shard c, one per process, all-reduce it over a
 //!    ring between processes (the host ring where the host folds this
 //!    adapter's bits, else the device ring), which applies Avg's division
-//!    by the world's size at its last fold;
+//!    by the world's size at its last fold. Where the device imports host
+//!    memory, step 1 writes the shard into the host image the host ring
+//!    folds, and step 3 copies out of it: no copy down or up;
 //! 3. the process's ranks meet again, and one submission copies every
 //!    shard into every rank's output.
 //!
@@ -26,14 +28,17 @@
 
 use std::sync::Arc;
 
-use crate::algo::PART_ALIGN_BYTES;
 use crate::algo::direct::Steps;
+use crate::algo::fold::HostFold;
+use crate::algo::{PART_ALIGN_BYTES, ring};
+use crate::device::hostmem::HostImage;
 use crate::device::tensor::Tensor;
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 use crate::runtime::collectives::scratch;
 use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::host_ring::HostSteps;
 use crate::runtime::prims::Prims;
 use crate::transport::shared::Meeting;
 
@@ -118,15 +123,35 @@ impl Tier {
     }
 }
 
-/// All-reduces `x` into `out` with `op` on this rank (`p.w.rank`) of a
-/// world laid out as `tier` says, on `dev`; `exchange` all-reduces a shard
-/// (words of `x`'s dtype) over the ring `p` is set to, between processes.
+/// Where a rank's shard lives between the meetings: in a host image its
+/// device imports, where the exchange folds it in place (no copy down or
+/// up), or in a pooled tensor on the device.
+enum Shard {
+    Image(HostImage),
+    Tensor(Tensor),
+}
+
+impl Shard {
+    fn buffer(&self) -> &wgpu::Buffer {
+        match self {
+            Shard::Image(img) => img.buffer(),
+            Shard::Tensor(t) => t.buffer(),
+        }
+    }
+}
+
+/// All-reduces `x` into `out` on this rank (`p.w.rank`) of a world laid
+/// out as `tier` says, on `dev`, folding as `fold` says (Avg divides by
+/// its rank count, the world's). Where the exchange folds on the host
+/// and the device imports host memory, the shard is folded in a host
+/// image; otherwise `exchange` all-reduces it (a tensor of words) over
+/// the ring `p` is set to, between processes.
 pub(crate) fn all_reduce(
     p: &mut Prims<'_>,
     dev: &Arc<RankDevice>,
     tier: &Tier,
     (x, out): (&Tensor, &Tensor),
-    op: ReduceOp,
+    fold: HostFold,
     exchange: impl FnOnce(&mut Prims<'_>, &Tensor) -> Result<()>,
 ) -> Result<()> {
     let rank = p.w.rank;
@@ -150,18 +175,27 @@ pub(crate) fn all_reduce(
         let from = (c * q).min(words);
         (from, q.min(words - from))
     };
-    let dtype = x.dtype();
-    let shard = scratch(dev, span(l).1.max(1))?;
+    let mine = span(l).1;
+    let image = if tier.host_fold {
+        p.stage.take_image((mine.max(1) * 4) as u64)?
+    } else {
+        None
+    };
+    let mut shard = match image {
+        Some(img) => Shard::Image(img),
+        None => Shard::Tensor(scratch(dev, mine.max(1))?),
+    };
     let round = p.w.fp.seq.wrapping_mul(2);
 
     // 1. Chunk c of every rank's input, folded into rank c's shard. Avg
     //    sums here; the exchange's last fold divides by the world's size.
+    let (dtype, op) = (fold.dtype, fold.op);
     let fold_op = if op == ReduceOp::Avg {
         ReduceOp::Sum
     } else {
         op
     };
-    meet(
+    let folded = meet(
         p,
         tier,
         l,
@@ -186,22 +220,29 @@ pub(crate) fn all_reduce(
     )?;
 
     // 2. The shard over the ring of its holders in every process.
-    if span(l).1 > 0 {
+    if mine > 0 {
         let ring = tier.rings.get(l).cloned().unwrap_or_else(|| Arc::from([]));
         let place = tier.base / tier.local.max(1);
-        let saved = (
-            p.nranks,
-            p.ring.replace((place, ring.clone())),
-            std::mem::replace(&mut p.buf, shard.buffer().clone()),
-        );
+        let saved = (p.nranks, p.ring.replace((place, ring.clone())));
         p.nranks = ring.len();
-        let exchanged = exchange(p, &shard);
-        (p.nranks, p.ring, p.buf) = saved;
+        let exchanged = match &mut shard {
+            Shard::Image(img) => {
+                img.used_by(folded);
+                on_image(p, img, folded, mine, fold)
+            }
+            Shard::Tensor(t) => {
+                let buf = std::mem::replace(&mut p.buf, t.buffer().clone());
+                let r = exchange(p, t);
+                p.buf = buf;
+                r
+            }
+        };
+        (p.nranks, p.ring) = saved;
         exchanged?;
     }
 
     // 3. Every shard into every rank's output.
-    let ticket = meet(
+    let spread = meet(
         p,
         tier,
         l,
@@ -217,8 +258,28 @@ pub(crate) fn all_reduce(
             Ok(())
         },
     )?;
-    p.last = Some(ticket);
+    if let Shard::Image(mut img) = shard {
+        img.used_by(spread);
+        p.stage.put_image(img);
+    }
+    p.last = Some(spread);
     Ok(())
+}
+
+/// The ring's steps on `words` words of `img`, which the submission
+/// `folded` wrote, folded where they lie in host memory.
+fn on_image(
+    p: &mut Prims<'_>,
+    img: &mut HostImage,
+    folded: Ticket,
+    words: usize,
+    fold: HostFold,
+) -> Result<()> {
+    p.wait_own(folded, "the process's shard to be folded on its device")?;
+    let image = img
+        .bytes_mut(p.w.dev, words * 4)
+        .map_err(|why| p.w.device_error(why))?;
+    ring::all_reduce(&mut HostSteps { p, image, fold }, words)
 }
 
 /// Meets the process's other ranks in `round` with this rank's `(src,

@@ -130,7 +130,7 @@ impl Unit for AllReduce {
             })?;
             // The shard between processes: on the host where the host
             // folds this adapter's bits, as between separate devices.
-            two_level::all_reduce(p, at.dev, tier, (x, out), self.op, |p, shard| {
+            two_level::all_reduce(p, at.dev, tier, (x, out), fold, |p, shard| {
                 if tier.host_fold {
                     on_host(p, shard, shard, fold)
                 } else {
