@@ -795,11 +795,20 @@ fn in_two_levels_on_a_view(c: &Communicator) -> Check {
     Ok(())
 }
 
+/// A table in which all_reduce's two-level plan is the fastest at every
+/// size, timed where the host does not fold the adapter's bits.
+const TWO_LEVEL_FASTEST: &str = "wgpu-collectives tuning 3\nkey mpi test\n\
+    all_reduce two-level 4096:1e-5~0.02 67108864:1e-3~0.02\n\
+    all_reduce device-ring 4096:1e-4~0.02 67108864:1e-2~0.02\n\
+    host-fold other-bits\nkernel-units 1\nend\n";
+
 /// `=two-level`: with `FoldOrder::Fastest` and the two-level plan forced,
 /// every dtype and op against the CPU reference (inputs whose sums are
 /// exact in any order), odd lengths whose shards differ, and in place on
 /// a view. Then, in the canonical order, the forced plan still runs
-/// integers but refuses floats, naming the opt-in.
+/// integers but refuses floats, naming the opt-in. Last, chosen by a given
+/// table where the host does not fold (a GPU's case): the exchange runs
+/// the device ring.
 fn two_levels() -> ExitCode {
     let base = WorldConfig::new(2)
         .with_timeout(Duration::from_secs(20))
@@ -868,6 +877,36 @@ fn two_levels() -> ExitCode {
         ),
     ];
     ok &= passes(&canonical, &refused);
+    // Chosen by a given table where the host does not fold this adapter's
+    // bits (as on a GPU): the exchange between processes runs the device
+    // ring on a shard in device memory, not the host ring in a host image.
+    let on_devices = match World::from_mpi(
+        WorldConfig::new(2)
+            .with_timeout(Duration::from_secs(20))
+            .with_fold_order(FoldOrder::Fastest)
+            .with_tune_table(TWO_LEVEL_FASTEST),
+    ) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("World::from_mpi (a given table): {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let chosen: Vec<(&str, Box<CheckFn>)> = vec![
+        (
+            "two-level by the table, the device ring between processes, f32",
+            Box::new(|c: &Communicator| in_two_levels::<f32>(c, &[7, 300_001])),
+        ),
+        (
+            "two-level by the table, the device ring between processes, i32",
+            Box::new(|c: &Communicator| in_two_levels::<i32>(c, &[4099])),
+        ),
+        (
+            "two-level by the table, the device ring between processes, on a view",
+            Box::new(in_two_levels_on_a_view),
+        ),
+    ];
+    ok &= passes(&on_devices, &chosen);
     if ok {
         ExitCode::SUCCESS
     } else {

@@ -80,7 +80,9 @@ impl std::fmt::Debug for Tier {
 
 impl Tier {
     /// The tier of a process whose `local` ranks, from `base`, share one
-    /// device, in a world of `processes` such processes.
+    /// device, in a world of `processes` such processes (only a world over
+    /// MPI has one).
+    #[cfg(any(feature = "mpi", test))]
     pub(crate) fn new(base: usize, local: usize, processes: usize, host_fold: bool) -> Tier {
         Tier {
             meeting: Arc::new(Meeting::new(local)),
