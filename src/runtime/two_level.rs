@@ -34,9 +34,9 @@ use crate::algo::{PART_ALIGN_BYTES, ring};
 use crate::device::hostmem::HostImage;
 use crate::device::tensor::Tensor;
 use crate::device::{RankDevice, Ticket};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
-use crate::runtime::collectives::scratch;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::host_ring::HostSteps;
 use crate::runtime::prims::Prims;
@@ -185,7 +185,7 @@ pub(crate) fn all_reduce(
     };
     let mut shard = match image {
         Some(img) => Shard::Image(img),
-        None => Shard::Tensor(scratch(dev, mine.max(1))?),
+        None => Shard::Tensor(Tensor::output(dev, DType::U32, mine.max(1))?),
     };
     let round = p.w.fp.seq.wrapping_mul(2);
 
