@@ -18,14 +18,44 @@ use wgpu_collectives_burn::{BurnWorld, Error};
 
 const RANKS: usize = 4;
 
-fn world() -> MutexGuard<'static, BurnWorld> {
+fn world() -> Idle {
     static WORLD: OnceLock<Mutex<BurnWorld>> = OnceLock::new();
-    WORLD
-        .get_or_init(|| {
-            Mutex::new(BurnWorld::new(WorldConfig::new(RANKS)).expect("a world of 4 burn devices"))
-        })
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    Idle(
+        WORLD
+            .get_or_init(|| {
+                Mutex::new(
+                    BurnWorld::new(WorldConfig::new(RANKS)).expect("a world of 4 burn devices"),
+                )
+            })
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    )
+}
+
+/// The shared world, held by one test, whose devices are idle again when
+/// the test lets go of it. Lavapipe compiles shader variants on its
+/// queue's thread: a submission still running when the test binary
+/// exits races LLVM's teardown, and the process crashed after every test
+/// had passed (5 runs of 6 on a 2-core machine, whichever revision).
+struct Idle(MutexGuard<'static, BurnWorld>);
+
+impl std::ops::Deref for Idle {
+    type Target = BurnWorld;
+
+    fn deref(&self) -> &BurnWorld {
+        &self.0
+    }
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        let idle = self.0.world().run(|c| c.synchronize());
+        if !std::thread::panicking() {
+            for r in idle.expect("a run that waits for the devices") {
+                r.expect("a device idle again");
+            }
+        }
+    }
 }
 
 /// Element `i` of rank `rank`'s input: a small integer in -5..=5,
