@@ -802,6 +802,14 @@ const TWO_LEVEL_FASTEST: &str = "wgpu-collectives tuning 3\nkey mpi test\n\
     all_reduce device-ring 4096:1e-4~0.02 67108864:1e-2~0.02\n\
     host-fold other-bits\nkernel-units 1\nend\n";
 
+/// A world over MPI made as `config` says, or `None` once the reason
+/// (`what` names the world) is printed.
+fn made(config: WorldConfig, what: &str) -> Option<World> {
+    World::from_mpi(config)
+        .map_err(|e| eprintln!("World::from_mpi ({what}): {e}"))
+        .ok()
+}
+
 /// `=two-level`: with `FoldOrder::Fastest` and the two-level plan forced,
 /// every dtype and op against the CPU reference (inputs whose sums are
 /// exact in any order), odd lengths whose shards differ, and in place on
@@ -813,12 +821,8 @@ fn two_levels() -> ExitCode {
     let base = WorldConfig::new(2)
         .with_timeout(Duration::from_secs(20))
         .with_plan(Some(Plan::TwoLevel));
-    let fastest = match World::from_mpi(base.clone().with_fold_order(FoldOrder::Fastest)) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("World::from_mpi: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(fastest) = made(base.clone().with_fold_order(FoldOrder::Fastest), "fastest") else {
+        return ExitCode::FAILURE;
     };
     let named: Vec<(&str, Box<CheckFn>)> = vec![
         (
@@ -847,12 +851,8 @@ fn two_levels() -> ExitCode {
         ),
     ];
     let mut ok = passes(&fastest, &named);
-    let canonical = match World::from_mpi(base) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("World::from_mpi (canonical): {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(canonical) = made(base, "canonical") else {
+        return ExitCode::FAILURE;
     };
     let refused: Vec<(&str, Box<CheckFn>)> = vec![
         (
@@ -880,17 +880,14 @@ fn two_levels() -> ExitCode {
     // Chosen by a given table where the host does not fold this adapter's
     // bits (as on a GPU): the exchange between processes runs the device
     // ring on a shard in device memory, not the host ring in a host image.
-    let on_devices = match World::from_mpi(
+    let Some(on_devices) = made(
         WorldConfig::new(2)
             .with_timeout(Duration::from_secs(20))
             .with_fold_order(FoldOrder::Fastest)
             .with_tune_table(TWO_LEVEL_FASTEST),
-    ) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("World::from_mpi (a given table): {e}");
-            return ExitCode::FAILURE;
-        }
+        "a given table",
+    ) else {
+        return ExitCode::FAILURE;
     };
     let chosen: Vec<(&str, Box<CheckFn>)> = vec![
         (

@@ -118,6 +118,34 @@ impl Tuning {
     }
 }
 
+#[cfg(test)]
+impl Tuning {
+    /// Figures for the planner's unit tests: nothing forced, no table, the
+    /// host folding, a cost model of 50 us and 1 GB/s.
+    pub(crate) fn for_tests() -> Tuning {
+        Tuning {
+            algorithm: Algorithm::Auto,
+            plan: None,
+            cost: CostModel {
+                alpha: Duration::from_micros(50),
+                beta: 1e9,
+                dispatch: Duration::from_micros(10),
+            },
+            rates: Rates {
+                host: 1e9,
+                device: 1e10,
+            },
+            host_fold: true,
+            units: 1,
+            table: None,
+            heal: None,
+            prefer: None,
+            fold: FoldOrder::Canonical,
+            tier: None,
+        }
+    }
+}
+
 /// The bytes each rank moves in `what`, as tuning tables count them.
 pub(crate) fn bytes_of(what: &Collective) -> Option<usize> {
     what.unit()
@@ -269,24 +297,11 @@ mod tests {
     /// 2 processes x 2 ranks on one device each, deciding by `table`.
     fn tuning(fold: FoldOrder, tier: bool, plan: Option<Plan>) -> Tuning {
         Tuning {
-            algorithm: Algorithm::Auto,
             plan,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
-            },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
-            },
-            host_fold: true,
-            units: 1,
             table: Some(two_level_fastest()),
-            heal: None,
-            prefer: None,
             fold,
             tier: tier.then(|| Arc::new(Tier::new(2, 2, 2, true))),
+            ..Tuning::for_tests()
         }
     }
 

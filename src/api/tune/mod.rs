@@ -269,40 +269,18 @@ pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::float_cmp)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::device::tensor::DType;
     use crate::op::ReduceOp;
     use crate::runtime::collectives::Collective;
     use crate::runtime::collectives::all_reduce::AllReduce;
-    use crate::runtime::cost::{CostModel, Rates};
     use crate::runtime::estimate::Timed;
     use crate::runtime::fingerprint::Kind;
     use crate::runtime::plan::Plan;
     use crate::runtime::planner;
 
     fn tuning() -> Tuning {
-        Tuning {
-            algorithm: Algorithm::Auto,
-            plan: None,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
-            },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
-            },
-            host_fold: true,
-            units: 1,
-            table: None,
-            heal: None,
-            prefer: None,
-            fold: crate::FoldOrder::Canonical,
-            tier: None,
-        }
+        Tuning::for_tests()
     }
 
     /// `plan`'s all_reduce taking `secs` per byte (and 50 µs) at 4 KiB to

@@ -847,7 +847,6 @@ mod tests {
     use crate::op::ReduceOp;
     use crate::runtime::collectives::Collective;
     use crate::runtime::collectives::all_reduce::AllReduce;
-    use crate::runtime::cost::{Algorithm, CostModel, Rates};
     use crate::runtime::planner::{self, Tuning};
 
     const MIB: usize = 1 << 20;
@@ -901,24 +900,9 @@ mod tests {
     /// What the planner decides from, with `table` and `prefer`.
     fn tuning(table: Option<Arc<Table>>, prefer: Option<Plan>) -> Tuning {
         Tuning {
-            algorithm: Algorithm::Auto,
-            plan: None,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
-            },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
-            },
-            host_fold: true,
-            units: 1,
             table,
-            heal: None,
             prefer,
-            fold: crate::FoldOrder::Canonical,
-            tier: None,
+            ..Tuning::for_tests()
         }
     }
 
