@@ -180,6 +180,35 @@ fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), String>
 /// ranks do not share a device, else `Ok` or why they cannot.
 pub(crate) type DirectVerdict = Option<Result<(), String>>;
 
+/// Why the forced plan cannot run `what` on `n` ranks, where that is
+/// known before the ranks meet (`shares`: whether they share one device).
+/// It is decided from what every rank holds alike, so each rank refuses
+/// the call itself, before it looks for a peer's failure: every rank
+/// reports `InvalidArgument`, none a peer's refusal as `PeerFailed`
+/// (which of those a rank saw was a race).
+pub(crate) fn refused(
+    tuning: &Tuning,
+    what: &Collective,
+    n: usize,
+    shares: bool,
+) -> Option<String> {
+    let forced = tuning.plan.filter(|p| what.plans().contains(p))?;
+    match forced {
+        Plan::TwoLevel => two_level(tuning, what, n).err().map(|why| {
+            format!(
+                "the plan two-level was forced, but it cannot run {}: {why}",
+                what.kind().name()
+            )
+        }),
+        Plan::Direct if !shares => Some(format!(
+            "the plan direct was forced, but the {n} ranks do not share one device: its \
+             kernels read every rank's buffers, so they need the ranks on one device \
+             (Placement::SharedDevice)"
+        )),
+        _ => None,
+    }
+}
+
 /// The plan `what` runs with on `n` ranks, or why the forced plan cannot
 /// run. `direct` says whether the shared device's kernels can run it.
 /// Every input is the same on every rank of the group (the tuning is
@@ -195,18 +224,10 @@ pub(crate) fn choose(
     let offers = what.plans();
     let two_level = two_level(tuning, what, n);
     if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
-        if let (Plan::TwoLevel, Err(why)) = (forced, &two_level) {
-            return Err(format!(
-                "the plan two-level was forced, but it cannot run {}: {why}",
-                kind.name()
-            ));
+        if let Some(why) = refused(tuning, what, n, direct.is_some()) {
+            return Err(why);
         }
         return match (forced, direct) {
-            (Plan::Direct, None) => Err(format!(
-                "the plan direct was forced, but the {n} ranks do not share one device: its \
-                 kernels read every rank's buffers, so they need the ranks on one device \
-                 (Placement::SharedDevice)"
-            )),
             (Plan::Direct, Some(Err(why))) => Err(format!(
                 "the plan direct was forced, but its kernels cannot run {}: {why}",
                 kind.name()

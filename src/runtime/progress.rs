@@ -297,6 +297,14 @@ impl Progress {
         for k in 0..s.order.len() {
             let i = s.order[k];
             let it = &items[i];
+            // A forced plan that cannot run is refused on every rank alike,
+            // before a peer's refusal could be found and reported instead.
+            if self.size > 1 && !it.fp.kind.point_to_point() {
+                let shares = self.group.is_some();
+                if let Some(why) = planner::refused(&self.tuning, &it.what, self.size, shares) {
+                    return Err(Error::invalid(self.rank, why));
+                }
+            }
             self.health.check(self.rank, &it.fp)?;
             self.health
                 .flight
