@@ -140,6 +140,26 @@ pub fn inputs<T: Num>(op: ReduceOp, rank: usize, len: usize) -> Vec<T> {
     (0..len).map(|i| T::input(op, rank, i)).collect()
 }
 
+/// The exact all-reduce of the inputs `ins` (one per rank, of one
+/// length), folded in rank order.
+pub fn fold<T: Num>(op: ReduceOp, ins: &[Vec<T>]) -> Vec<T> {
+    let Some((first, rest)) = ins.split_first() else {
+        return Vec::new();
+    };
+    let mut acc = first.clone();
+    for x in rest {
+        for (a, &b) in acc.iter_mut().zip(x) {
+            *a = T::combine(op, *a, b);
+        }
+    }
+    if op == ReduceOp::Avg {
+        for a in &mut acc {
+            *a = T::divide(*a, ins.len());
+        }
+    }
+    acc
+}
+
 /// The exact all-reduce of every rank's input, folded in rank order.
 pub fn reference<T: Num>(op: ReduceOp, n: usize, len: usize) -> Vec<T> {
     (0..len)
