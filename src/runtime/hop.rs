@@ -98,13 +98,7 @@ pub(crate) fn take(
                         Err(_) => Err(gone()),
                         // A peer that left after a failure is reported with that
                         // failure (recorded before it left), not as a departure.
-                        Ok(None) => w.health.check(w.rank, &w.fp).and(Err(w.peer_failed(
-                            peer,
-                            format!(
-                                "rank {peer} returned from its closure without issuing {}",
-                                w.fp
-                            ),
-                        ))),
+                        Ok(None) => Err(w.left_without(peer)),
                     }
                 }
                 Ok(None) => Ok(None),

@@ -96,7 +96,7 @@ pub(crate) fn run(
         w.fp.seq,
         arrival,
         &w.patience(),
-        |absent| w.none_left(absent.iter().copied()),
+        |peer| w.left(peer),
         |all| host(w, tuning, all, stamps),
     )?
 }

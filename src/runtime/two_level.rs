@@ -307,7 +307,7 @@ fn meet(
         round,
         hand,
         &w.patience(),
-        |absent| w.none_left(absent.iter().map(|&i| tier.base + i)),
+        |i| w.left(tier.base + i),
         |hands| {
             let n = hands.len();
             let rank = |i: usize| tier.base + i;

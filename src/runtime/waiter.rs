@@ -61,23 +61,26 @@ impl Waiter<'_> {
 }
 
 impl Waiter<'_> {
-    /// Ends a wait for the ranks `absent` as soon as one of them has left
-    /// the run: with the failure it left after, else as a rank that
-    /// returned from its closure without issuing this collective.
-    pub(crate) fn none_left(&self, absent: impl IntoIterator<Item = usize>) -> Result<()> {
-        for peer in absent {
-            if self.health.is_gone(peer) {
-                self.health.check(self.rank, &self.fp)?;
-                return Err(self.peer_failed(
-                    peer,
-                    format!(
-                        "rank {peer} returned from its closure without issuing {}",
-                        self.fp
-                    ),
-                ));
-            }
+    /// Why this collective cannot complete, where `peer` has left the run
+    /// (`None` while it has not): see [`Waiter::left_without`].
+    pub(crate) fn left(&self, peer: usize) -> Option<Error> {
+        self.health.is_gone(peer).then(|| self.left_without(peer))
+    }
+
+    /// Why this collective cannot complete, `peer` having left the run
+    /// without joining it: the failure it left after, else that it
+    /// returned from its closure without issuing it.
+    pub(crate) fn left_without(&self, peer: usize) -> Error {
+        match self.health.check(self.rank, &self.fp) {
+            Err(e) => e,
+            Ok(()) => self.peer_failed(
+                peer,
+                format!(
+                    "rank {peer} returned from its closure without issuing {}",
+                    self.fp
+                ),
+            ),
         }
-        Ok(())
     }
 }
 

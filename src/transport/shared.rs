@@ -14,12 +14,13 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::deadline::{Alarm, Patience, Ring, Watch};
 use crate::device::lock;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Where a group of ranks on one device meets, one round per collective.
 pub(crate) struct Meeting<A, O> {
     table: Mutex<Table<A, O>>,
     changed: Condvar,
+    n: usize,
 }
 
 struct Table<A, O> {
@@ -47,6 +48,7 @@ impl<A: Send + 'static, O: Send + 'static> Meeting<A, O> {
                 outcomes: (0..n).map(|_| None).collect(),
             }),
             changed: Condvar::new(),
+            n,
         }
     }
 
@@ -60,16 +62,17 @@ impl<A: Send + 'static, O: Send + 'static> Meeting<A, O> {
     /// Joins round `round` as `rank` with `arrival`, and returns this
     /// rank's outcome. The last rank to join takes every arrival (in rank
     /// order) and runs `host` on them, which gives each rank's outcome.
-    /// Waits as long as `patience` allows; `missing` is asked, whenever
-    /// the watch's alarm rings, about the ranks not yet here, and may end
-    /// the wait (a rank that left will never come).
+    /// Waits as long as `patience` allows. Whenever the watch's alarm
+    /// rings, `left` gives the error for each rank that has left the run;
+    /// one of them that is not here will never come, and ends the wait
+    /// with its error.
     pub(crate) fn meet(
         self: &Arc<Self>,
         rank: usize,
         round: u64,
         arrival: A,
         patience: &Patience<'_>,
-        missing: impl Fn(&[usize]) -> Result<()>,
+        left: impl Fn(usize) -> Option<Error>,
         host: impl FnOnce(Vec<A>) -> Vec<O>,
     ) -> Result<O> {
         let all = {
@@ -118,18 +121,25 @@ impl<A: Send + 'static, O: Send + 'static> Meeting<A, O> {
             },
             &bell,
             |slice| {
+                // A rank that left before this look rang no bell for it:
+                // ask who has left before sleeping, and before reading the
+                // table. A rank arrives before it leaves, so one that had
+                // left and is absent left without arriving. (Asked after
+                // the read, a rank could arrive, host the round, finish
+                // and leave in between, and be taken for one that never
+                // came.)
+                let mut had_left: Vec<(usize, Error)> = (0..self.n)
+                    .filter(|&i| i != rank)
+                    .filter_map(|i| left(i).map(|e| (i, e)))
+                    .collect();
                 let mut t = lock(&self.table);
                 if let Some(o) = take_outcome(&mut t, rank, round) {
                     return Ok(Some(o));
                 }
-                // A rank that left before this look rang no bell for it:
-                // ask about the absent ones before sleeping.
-                let absent: Vec<usize> = absent(&t, round).collect();
-                drop(t);
-                missing(&absent)?;
-                t = lock(&self.table);
-                if let Some(o) = take_outcome(&mut t, rank, round) {
-                    return Ok(Some(o));
+                let never =
+                    absent(&t, round).find_map(|i| had_left.iter().position(|(j, _)| *j == i));
+                if let Some(k) = never {
+                    return Err(had_left.swap_remove(k).1);
                 }
                 if !slice.rung() {
                     t = self
@@ -199,5 +209,115 @@ fn take_outcome<A, O>(t: &mut Table<A, O>, rank: usize, round: u64) -> Option<O>
         slot.take().map(|(_, o)| o)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    reason = "a test: a failed expectation is a failed test"
+)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// A watch that never ends a wait early.
+    #[derive(Default)]
+    struct Quiet(Alarm);
+
+    impl Watch for Quiet {
+        fn check(&self) -> Result<()> {
+            Ok(())
+        }
+        fn timed_out(&self, what: String, after: Duration) -> Error {
+            Error::Timeout {
+                rank: 0,
+                seq: 0,
+                what,
+                after,
+                flight: String::new(),
+            }
+        }
+        fn alarm(&self) -> &Alarm {
+            &self.0
+        }
+    }
+
+    /// Each rank's outcome: the sum of every arrival, plus its rank.
+    fn host(all: Vec<u32>) -> Vec<Result<u32>> {
+        let sum: u32 = all.iter().sum();
+        (0..all.len()).map(|r| Ok(sum + r as u32)).collect()
+    }
+
+    /// Rank 1 arrives, hosts the round, takes its outcome and leaves while
+    /// rank 0 looks: rank 0 gets its outcome, not a report that rank 1
+    /// left without coming. Rank 1's visit happens inside rank 0's
+    /// question about who has left, so whether it is taken for one that
+    /// never came depends only on the order of that question and the
+    /// look at the table, not on timing.
+    #[test]
+    fn a_rank_that_came_and_left_during_a_look_is_not_taken_for_absent() {
+        let meeting: Arc<Meeting<u32, Result<u32>>> = Arc::new(Meeting::new(2));
+        let watch = Quiet::default();
+        let patience = Patience {
+            rank: 0,
+            seq: 0,
+            timeout: Duration::from_secs(10),
+            watch: &watch,
+        };
+        let gone = AtomicBool::new(false);
+        let got = meeting
+            .meet(
+                0,
+                0,
+                10,
+                &patience,
+                |peer| {
+                    if peer == 1 && !gone.swap(true, Ordering::SeqCst) {
+                        let theirs = meeting.meet(1, 0, 20, &patience, |_| None, host);
+                        assert_eq!(theirs.unwrap().unwrap(), 31);
+                    }
+                    gone.load(Ordering::SeqCst).then(|| Error::InvalidArgument {
+                        rank: Some(0),
+                        what: format!("rank {peer} left without coming"),
+                    })
+                },
+                host,
+            )
+            .unwrap();
+        assert_eq!(got.unwrap(), 30);
+    }
+
+    /// A rank that left and never came ends the wait with its error.
+    #[test]
+    fn a_rank_that_left_without_coming_ends_the_wait() {
+        let meeting: Arc<Meeting<u32, Result<u32>>> = Arc::new(Meeting::new(2));
+        let watch = Quiet::default();
+        let patience = Patience {
+            rank: 0,
+            seq: 0,
+            timeout: Duration::from_secs(10),
+            watch: &watch,
+        };
+        let got = meeting.meet(
+            0,
+            0,
+            10,
+            &patience,
+            |peer| {
+                Some(Error::InvalidArgument {
+                    rank: Some(0),
+                    what: format!("rank {peer} left without coming"),
+                })
+            },
+            host,
+        );
+        match got {
+            Err(Error::InvalidArgument { what, .. }) => {
+                assert_eq!(what, "rank 1 left without coming");
+            }
+            other => panic!("expected rank 1's departure, got {other:?}"),
+        }
     }
 }
