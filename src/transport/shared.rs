@@ -244,6 +244,15 @@ mod tests {
         }
     }
 
+    fn patience(watch: &Quiet) -> Patience<'_> {
+        Patience {
+            rank: 0,
+            seq: 0,
+            timeout: Duration::from_secs(10),
+            watch,
+        }
+    }
+
     /// Each rank's outcome: the sum of every arrival, plus its rank.
     fn host(all: Vec<u32>) -> Vec<Result<u32>> {
         let sum: u32 = all.iter().sum();
@@ -260,12 +269,7 @@ mod tests {
     fn a_rank_that_came_and_left_during_a_look_is_not_taken_for_absent() {
         let meeting: Arc<Meeting<u32, Result<u32>>> = Arc::new(Meeting::new(2));
         let watch = Quiet::default();
-        let patience = Patience {
-            rank: 0,
-            seq: 0,
-            timeout: Duration::from_secs(10),
-            watch: &watch,
-        };
+        let patience = patience(&watch);
         let gone = AtomicBool::new(false);
         let got = meeting
             .meet(
@@ -294,12 +298,7 @@ mod tests {
     fn a_rank_that_left_without_coming_ends_the_wait() {
         let meeting: Arc<Meeting<u32, Result<u32>>> = Arc::new(Meeting::new(2));
         let watch = Quiet::default();
-        let patience = Patience {
-            rank: 0,
-            seq: 0,
-            timeout: Duration::from_secs(10),
-            watch: &watch,
-        };
+        let patience = patience(&watch);
         let got = meeting.meet(
             0,
             0,
