@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::dtype::DType;
 use crate::runtime::collectives::Collective;
 use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
 use crate::runtime::fold_order::FoldOrder;
@@ -155,25 +156,67 @@ pub(crate) fn bytes_of(what: &Collective) -> Option<usize> {
         .and_then(|(len, dtype)| len.checked_mul(dtype.size()))
 }
 
+/// Why a two-level plan cannot run a collective: told only when a forced
+/// plan is refused, so that deciding allocates nothing.
+enum Unfit {
+    /// The world is not over processes that each hold ranks on one device.
+    NoTier,
+    /// The fold orders allowed keep this dtype in the canonical order.
+    Order(DType),
+    /// The group is not the tier's processes x ranks.
+    Shape {
+        processes: usize,
+        local: usize,
+        n: usize,
+    },
+}
+
+impl std::fmt::Display for Unfit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unfit::NoTier => write!(
+                f,
+                "it runs across processes whose ranks share one device each (a world over \
+                 MPI, not a split of one)"
+            ),
+            Unfit::Order(dtype) => write!(
+                f,
+                "its fold order depends on the process layout, so {} runs it only under \
+                 FoldOrder::Fastest (WorldConfig::with_fold_order, \
+                 WGPU_COLLECTIVES_FOLD_ORDER=fastest)",
+                dtype.name()
+            ),
+            Unfit::Shape {
+                processes,
+                local,
+                n,
+            } => write!(
+                f,
+                "it needs 2 or more processes of 2 or more ranks on one device each, and \
+                 this group is {processes} processes x {local} ranks of {n}"
+            ),
+        }
+    }
+}
+
 /// Whether a two-level plan can run `what` on `n` ranks, or why not:
 /// where the world's processes each hold ranks on one device, and the
 /// fold orders allowed free the collective's dtype. The same on every
 /// rank: the tier and the fold order were agreed by every process.
-fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), String> {
-    let tier = tuning.tier.as_ref().ok_or_else(|| {
-        "it runs across processes whose ranks share one device each (a world over MPI, \
-         not a split of one)"
-            .to_string()
-    })?;
+fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), Unfit> {
+    let tier = tuning.tier.as_ref().ok_or(Unfit::NoTier)?;
     if let Some(dtype) = what.dtype().filter(|&d| !tuning.fold.frees(d)) {
-        return Err(format!(
-            "its fold order depends on the process layout, so {} runs it only under \
-             FoldOrder::Fastest (WorldConfig::with_fold_order, \
-             WGPU_COLLECTIVES_FOLD_ORDER=fastest)",
-            dtype.name()
-        ));
+        return Err(Unfit::Order(dtype));
     }
-    tier.fits(n)
+    if !tier.fits(n) {
+        let (processes, local) = tier.shape();
+        return Err(Unfit::Shape {
+            processes,
+            local,
+            n,
+        });
+    }
+    Ok(())
 }
 
 /// Whether the direct kernels can run a collective here: `None` when the
@@ -222,7 +265,6 @@ pub(crate) fn choose(
 ) -> Result<Plan, String> {
     let kind = what.kind();
     let offers = what.plans();
-    let two_level = two_level(tuning, what, n);
     if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
         if let Some(why) = refused(tuning, what, n, direct.is_some()) {
             return Err(why);
@@ -254,7 +296,7 @@ pub(crate) fn choose(
             let allowed = |p: Plan| {
                 offers.contains(&p)
                     && (p != Plan::Direct || direct_ok)
-                    && (p != Plan::TwoLevel || two_level.is_ok())
+                    && (p != Plan::TwoLevel || two_level(tuning, what, n).is_ok())
                     && (p != Plan::HostRing || tuning.host_fold)
                     && (p != Plan::OneShot
                         || table
@@ -300,7 +342,6 @@ pub(crate) fn choose(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
     use crate::op::ReduceOp;
     use crate::runtime::collectives::all_reduce::AllReduce;
 

@@ -109,19 +109,17 @@ impl Tier {
         self.meeting.clear();
     }
 
-    /// Whether the plan can run over a group of `n` ranks, or why not
-    /// (whether the device can bind what the direct kernels need was
-    /// agreed by every process when the tier was made).
-    pub(crate) fn fits(&self, n: usize) -> std::result::Result<(), String> {
-        let processes = self.rings.first().map_or(0, |r| r.len());
-        if self.local < 2 || processes < 2 || self.local * processes != n {
-            return Err(format!(
-                "it needs 2 or more processes of 2 or more ranks on one device each, \
-                 and this group is {processes} processes x {} ranks of {n}",
-                self.local
-            ));
-        }
-        Ok(())
+    /// The processes the tier spans, and the ranks each holds.
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        (self.rings.first().map_or(0, |r| r.len()), self.local)
+    }
+
+    /// Whether the plan can run over a group of `n` ranks (whether the
+    /// device can bind what the direct kernels need was agreed by every
+    /// process when the tier was made).
+    pub(crate) fn fits(&self, n: usize) -> bool {
+        let (processes, local) = self.shape();
+        local >= 2 && processes >= 2 && local.checked_mul(processes) == Some(n)
     }
 }
 

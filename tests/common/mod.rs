@@ -162,19 +162,8 @@ pub fn fold<T: Num>(op: ReduceOp, ins: &[Vec<T>]) -> Vec<T> {
 
 /// The exact all-reduce of every rank's input, folded in rank order.
 pub fn reference<T: Num>(op: ReduceOp, n: usize, len: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| {
-            let mut acc = T::input(op, 0, i);
-            for r in 1..n {
-                acc = T::combine(op, acc, T::input(op, r, i));
-            }
-            if op == ReduceOp::Avg {
-                T::divide(acc, n)
-            } else {
-                acc
-            }
-        })
-        .collect()
+    let ins: Vec<Vec<T>> = (0..n).map(|r| inputs::<T>(op, r, len)).collect();
+    fold(op, &ins)
 }
 
 /// Checks `got` against `want`: bit-exact, except Avg on floats within 2 ULP.
