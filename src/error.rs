@@ -181,6 +181,65 @@ impl Error {
         self
     }
 
+    /// This error, a rank's own failure at call `first`, told again for
+    /// its later call `seq`: the same kind, prefixed "the group failed at
+    /// seq {first}: ". `None` for the kinds the group reports in a way of
+    /// its own (a mismatch, an abort, the wire between processes).
+    pub(crate) fn repeated(
+        &self,
+        rank: usize,
+        seq: u64,
+        first: u64,
+        doing: impl FnOnce() -> String,
+    ) -> Option<Self> {
+        let again = |what: &str| format!("the group failed at seq {first}: {what}");
+        Some(match self {
+            Error::InvalidArgument { what, .. } => Error::InvalidArgument {
+                rank: Some(rank),
+                what: again(what),
+            },
+            Error::Device { what, .. } => Error::Device {
+                rank: Some(rank),
+                seq: Some(seq),
+                what: again(what),
+            },
+            Error::Timeout {
+                what,
+                after,
+                flight,
+                ..
+            } => Error::Timeout {
+                rank,
+                seq,
+                what: again(what),
+                after: *after,
+                flight: flight.clone(),
+            },
+            Error::PeerFailed {
+                peer,
+                reason,
+                flight,
+                ..
+            } => Error::PeerFailed {
+                rank,
+                seq,
+                doing: doing(),
+                peer: *peer,
+                reason: again(reason),
+                flight: flight.clone(),
+            },
+            Error::RankPanicked { .. } => Error::PeerFailed {
+                rank,
+                seq,
+                doing: doing(),
+                peer: rank,
+                reason: again(&self.brief()),
+                flight: String::new(),
+            },
+            _ => return None,
+        })
+    }
+
     pub(crate) fn invalid(rank: usize, what: impl Into<String>) -> Self {
         Error::InvalidArgument {
             rank: Some(rank),

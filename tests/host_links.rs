@@ -183,3 +183,116 @@ fn a_shared_device_has_no_host_link() {
     .expect("a shared world");
     assert_eq!(w.host_link(), None);
 }
+
+/// Each feature alone, and each limit one step past the adapter's: what
+/// `request_device` gives is what wgpu's own `adapter.request_device`
+/// gives (refused alike, opened alike), and never a panic.
+#[test]
+fn request_device_refuses_exactly_what_wgpu_refuses() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let adapter = user_adapter();
+    let (features, limits) = (adapter.features(), adapter.limits());
+    let mut cases: Vec<(String, wgpu::DeviceDescriptor<'static>)> = Vec::new();
+    for f in wgpu::Features::all().iter() {
+        let desc = wgpu::DeviceDescriptor {
+            required_features: f,
+            ..Default::default()
+        };
+        cases.push((format!("{f:?}"), desc));
+    }
+    // Every limit, one step worse than the adapter allows: a maximum one
+    // more (where it can be), an alignment half as large.
+    macro_rules! past {
+        ($($name:ident: $dir:tt),* $(,)?) => {$(
+            let mut l = limits.clone();
+            let have = l.$name;
+            let past = if stringify!($dir) == "max" { have.checked_add(1) } else { (have > 1).then(|| have / 2) };
+            if let Some(v) = past {
+                l.$name = v;
+                cases.push((
+                    format!("{} = {v} (the adapter has {have})", stringify!($name)),
+                    wgpu::DeviceDescriptor { required_limits: l, ..Default::default() },
+                ));
+            }
+        )*};
+    }
+    past!(
+        max_texture_dimension_1d: max, max_texture_dimension_2d: max, max_texture_dimension_3d: max,
+        max_texture_array_layers: max, max_bind_groups: max, max_bind_groups_plus_vertex_buffers: max,
+        max_bindings_per_bind_group: max, max_dynamic_uniform_buffers_per_pipeline_layout: max,
+        max_dynamic_storage_buffers_per_pipeline_layout: max, max_sampled_textures_per_shader_stage: max,
+        max_samplers_per_shader_stage: max, max_storage_buffers_per_shader_stage: max,
+        max_storage_textures_per_shader_stage: max, max_uniform_buffers_per_shader_stage: max,
+        max_binding_array_elements_per_shader_stage: max,
+        max_binding_array_acceleration_structure_elements_per_shader_stage: max,
+        max_binding_array_sampler_elements_per_shader_stage: max,
+        max_uniform_buffer_binding_size: max, max_storage_buffer_binding_size: max,
+        max_vertex_buffers: max, max_buffer_size: max, max_vertex_attributes: max,
+        max_vertex_buffer_array_stride: max, max_inter_stage_shader_variables: max,
+        min_uniform_buffer_offset_alignment: min, min_storage_buffer_offset_alignment: min,
+        max_color_attachments: max, max_color_attachment_bytes_per_sample: max,
+        max_compute_workgroup_storage_size: max, max_compute_invocations_per_workgroup: max,
+        max_compute_workgroup_size_x: max, max_compute_workgroup_size_y: max,
+        max_compute_workgroup_size_z: max, max_compute_workgroups_per_dimension: max,
+        max_immediate_size: max, max_non_sampler_bindings: max,
+        max_task_workgroup_total_count: max, max_task_workgroups_per_dimension: max,
+        max_mesh_workgroup_total_count: max, max_mesh_workgroups_per_dimension: max,
+        max_task_invocations_per_workgroup: max, max_task_invocations_per_dimension: max,
+        max_mesh_invocations_per_workgroup: max, max_mesh_invocations_per_dimension: max,
+        max_mesh_output_vertices: max, max_mesh_output_primitives: max,
+        max_mesh_output_layers: max, max_mesh_multiview_view_count: max,
+        max_blas_primitive_count: max, max_blas_geometry_count: max, max_tlas_instance_count: max,
+        max_acceleration_structures_per_shader_stage: max,
+        max_buffers_and_acceleration_structures_per_shader_stage: max,
+        max_multiview_view_count: max, max_task_payload_size: max,
+        max_ray_dispatch_count: max, max_ray_recursion_depth: max,
+    );
+    // Within the adapter's limits and features: opened by both.
+    cases.push((
+        "the adapter's own limits and features (non-experimental)".into(),
+        wgpu::DeviceDescriptor {
+            required_features: features - wgpu::Features::all_experimental_mask(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        },
+    ));
+    let mut refused = 0;
+    for (what, desc) in &cases {
+        let theirs = pollster::block_on(adapter.request_device(desc));
+        let ours = catch_unwind(AssertUnwindSafe(|| request_device(&adapter, desc)))
+            .unwrap_or_else(|_| panic!("request_device panicked on {what}"));
+        assert_eq!(
+            ours.is_ok(),
+            theirs.is_ok(),
+            "{what}: ours {:?}, wgpu's {:?}",
+            ours.as_ref().err(),
+            theirs.as_ref().err()
+        );
+        if let Ok((d, _)) = &ours {
+            assert!(
+                d.features().contains(desc.required_features),
+                "{what}: the device lacks what was asked"
+            );
+            assert!(
+                features.contains(d.features()),
+                "{what}: the device claims {:?}, which the adapter lacks",
+                d.features() - features
+            );
+            let mut over = Vec::new();
+            d.limits()
+                .check_limits_with_fail_fn(&limits, false, |name, _, _| over.push(name));
+            assert!(
+                over.is_empty(),
+                "{what}: the device claims limits past the adapter's: {over:?}"
+            );
+        } else {
+            refused += 1;
+        }
+    }
+    // The cases are not vacuous: most ask for what the adapter lacks.
+    assert!(
+        refused > cases.len() / 2,
+        "only {refused} of {} refused",
+        cases.len()
+    );
+}

@@ -246,6 +246,46 @@ fn forcing_two_levels_in_one_process_is_refused_with_the_reason() {
     }
 }
 
+/// After the refusal, a later call of the same run: every rank repeats
+/// its own refusal, saying it is a repeat and of which call (not one
+/// rank the refusal's words as if new and the others a peer's failure).
+#[test]
+fn after_a_refused_plan_every_rank_repeats_its_own_refusal() {
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        let w = world(3, placement, Some(Plan::TwoLevel))
+            .unwrap_or_else(|e| panic!("a world forcing two-level: {e}"));
+        for _ in 0..8 {
+            let got = w
+                .run(|c| -> Result<(Error, Error), Error> {
+                    let x = c.tensor(&[1i32; 16])?;
+                    let first = c.all_reduce(&x, ReduceOp::Sum)?.wait();
+                    let later = c.all_gather(&x)?.wait();
+                    Ok((first.expect_err("refused"), later.expect_err("a repeat")))
+                })
+                .unwrap_or_else(|e| panic!("the run: {e}"));
+            for (rank, r) in got.into_iter().enumerate() {
+                let (first, later) = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                let Error::InvalidArgument { what: was, .. } = &first else {
+                    panic!("{placement:?}, rank {rank}: {first}");
+                };
+                match &later {
+                    Error::InvalidArgument {
+                        rank: Some(r),
+                        what,
+                    } if *r == rank => {
+                        assert_eq!(
+                            *what,
+                            format!("the group failed at seq 0: {was}"),
+                            "{placement:?}, rank {rank}"
+                        );
+                    }
+                    other => panic!("{placement:?}, rank {rank}: not a repeat of its own: {other}"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn forcing_direct_between_separate_devices_is_refused_with_the_reason() {
     let e = world(2, Placement::DevicePerRank, Some(Plan::Direct))

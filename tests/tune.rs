@@ -236,10 +236,12 @@ fn an_auto_placement_is_chosen_by_timing_both() {
             .find(|f| std::fs::read_to_string(f).is_ok_and(|t| &t == table))
             .expect("the table's file");
         let want = chosen(choice);
+        // A device per rank names its host link after the placement
+        // ("| per-rank, mapped host links |").
         let key = if want == Placement::SharedDevice {
             "| shared |"
         } else {
-            "| per-rank |"
+            "| per-rank"
         };
         assert_eq!(w.placement(), want, "{choice}");
         assert!(
@@ -404,4 +406,56 @@ fn a_table_of_the_other_build_profile_is_not_read() {
         "the other profile's table was read"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Junk given as a table is refused by every constructor, whether or not
+/// the world then tunes: `World::new` and `World::from_devices` alike,
+/// with a plan or an algorithm forced, and with one rank.
+#[test]
+fn every_constructor_refuses_a_junk_table() {
+    use wgpu_collectives::{Algorithm, wgpu};
+    let adapter = {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
+            let name = name.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+        }
+        adapters
+            .into_iter()
+            .next()
+            .expect("an adapter (is one installed?)")
+    };
+    let device = pollster::block_on(adapter.request_device(&Default::default())).expect("a device");
+    let junk = "not a tuning table\nat all\n";
+    let configs: Vec<(&str, usize, WorldConfig)> = vec![
+        ("two ranks", 2, WorldConfig::new(2)),
+        ("one rank", 1, WorldConfig::new(1)),
+        (
+            "a plan forced",
+            2,
+            WorldConfig::new(2).with_plan(Some(Plan::DeviceRing)),
+        ),
+        (
+            "an algorithm forced",
+            2,
+            WorldConfig::new(2).with_algorithm(Algorithm::Ring),
+        ),
+    ];
+    for (what, n, config) in configs {
+        let config = config.with_tune_table(junk).with_tune(Tune::Off);
+        let refused = |r: Result<World, Error>, by: &str| match r {
+            Err(Error::InvalidArgument { what: why, .. }) => {
+                assert!(why.contains("with_tune_table"), "{by}, {what}: {why}")
+            }
+            Err(e) => panic!("{by}, {what}: not InvalidArgument: {e}"),
+            Ok(_) => panic!("{by}, {what}: a junk table was taken"),
+        };
+        refused(World::new(config.clone()), "World::new");
+        refused(
+            World::from_devices(vec![device.clone(); n], config),
+            "World::from_devices",
+        );
+    }
 }

@@ -20,9 +20,9 @@
     reason = "layout math over tensors whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
 )]
 
-use crate::device::RankDevice;
 use crate::device::direct::{DirectReducer, Fold, Order, Window, fits};
 use crate::device::timestamps::Timestamps;
+use crate::device::{Encoder, RankDevice};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
@@ -38,7 +38,7 @@ const SCATTER_IN_ONE_MAX: u64 = 8 << 20;
 /// encoder.
 pub(crate) struct Steps<'a> {
     pub dev: &'a RankDevice,
-    pub enc: wgpu::CommandEncoder,
+    pub enc: Encoder,
     pub n: usize,
     /// Bytes a binding's offset must be a multiple of.
     pub align: u64,

@@ -8,6 +8,7 @@
     reason = "span math: offsets and lengths within a tensor whose byte size was checked when it was made"
 )]
 
+use crate::device::Encoder;
 use crate::error::{Error, Result};
 use crate::transport::Body;
 
@@ -110,7 +111,7 @@ pub(crate) trait Steps: RingSteps {
     /// Writes `image` at the start of the working buffer.
     fn upload_image(&mut self, image: &[u8]) -> Result<()>;
     /// An encoder for steps recorded together.
-    fn encoder(&self) -> wgpu::CommandEncoder;
+    fn encoder(&self) -> Encoder;
     /// Records `span` of the working buffer folded with `src` from word
     /// `src_word` (the final fold when `last`).
     fn encode_reduce(
@@ -122,7 +123,7 @@ pub(crate) trait Steps: RingSteps {
         last: bool,
     ) -> Result<()>;
     /// Submits what `enc` recorded.
-    fn submit_steps(&mut self, enc: wgpu::CommandEncoder) -> Result<()>;
+    fn submit_steps(&mut self, enc: Encoder) -> Result<()>;
     /// The call as ranks compare it (its fingerprint), for errors.
     fn call(&self) -> String;
     /// The error for a peer whose call does not pair with this rank's.

@@ -572,9 +572,8 @@ impl Drop for RunGuard<'_> {
             c.leave_run();
         }
         // A rank whose closure returned is gone for the run's peers only;
-        // the user's threads may use its communicator next. A failure
-        // stays recorded until the next run.
-        self.health.clear_gone();
+        // the user's threads may use its communicator next.
+        self.health.end_run();
         self.running.store(false, Ordering::Release);
     }
 }

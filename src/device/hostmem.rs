@@ -97,12 +97,44 @@ fn alignment(
     Ok(host.min_imported_host_pointer_alignment.max(4096))
 }
 
+/// What `adapter.request_device(desc)` refuses before it opens anything
+/// (wgpu-core's `Adapter::create_device_and_queue`): features the adapter
+/// lacks, experimental features not opted into, limits past the
+/// adapter's. Opening through the hal skips those checks, and the hal
+/// then panics on some features or hands out a device that claims what
+/// the driver does not have, so they are made here first.
+fn refused(adapter: &wgpu::Adapter, desc: &wgpu::DeviceDescriptor<'_>) -> Result<(), String> {
+    let missing = desc.required_features.difference(adapter.features());
+    if !missing.is_empty() {
+        return Err(format!("the adapter lacks the features {missing:?}"));
+    }
+    let experimental = desc
+        .required_features
+        .intersection(wgpu::Features::all_experimental_mask());
+    if !experimental.is_empty() && !desc.experimental_features.is_enabled() {
+        return Err(format!(
+            "the experimental features {experimental:?} were asked for without opting in"
+        ));
+    }
+    let mut over = Vec::new();
+    desc.required_limits
+        .check_limits_with_fail_fn(&adapter.limits(), false, |name, want, have| {
+            over.push(format!("{name}: asked {want}, the adapter allows {have}"));
+        });
+    if !over.is_empty() {
+        return Err(format!("limits past the adapter's: {}", over.join("; ")));
+    }
+    Ok(())
+}
+
 /// Opens a device on `adapter` as `desc` asks, with the extension enabled,
-/// or says why it cannot.
+/// or says why it cannot. It refuses what `adapter.request_device` would
+/// refuse, before the hal sees it.
 pub(crate) fn request_device(
     adapter: &wgpu::Adapter,
     desc: &wgpu::DeviceDescriptor<'_>,
 ) -> Result<(wgpu::Device, wgpu::Queue), String> {
+    refused(adapter, desc)?;
     adapter_alignment(adapter)?;
     let open = {
         // SAFETY: the guard is dropped before the device is made from it.
@@ -115,6 +147,7 @@ pub(crate) fn request_device(
         });
         // SAFETY: the callback only adds an extension the physical device
         // supports (checked by `adapter_alignment`); it removes nothing.
+        // The features and limits are the adapter's to give (`refused`).
         unsafe {
             hal.open_with_callback(
                 desc.required_features,

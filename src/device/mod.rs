@@ -17,6 +17,7 @@ pub(crate) mod direct;
 pub(crate) mod hostmem;
 pub(crate) mod kernels;
 mod owner;
+mod pool;
 pub(crate) mod tensor;
 pub(crate) mod timestamps;
 
@@ -29,6 +30,8 @@ use crate::error::{Error, Result};
 
 use owner::Owner;
 pub(crate) use owner::{OnDone, Signal, Ticket};
+use pool::{BufferPool, Encoders};
+pub(crate) use pool::{Encoder, size_class};
 
 /// What the engine asks of a device it makes, beyond what the user requires.
 pub(crate) struct Wants {
@@ -99,6 +102,9 @@ pub(crate) struct Core {
     pub imports: std::result::Result<u64, String>,
     /// Submits, and learns when submissions complete.
     owner: Owner,
+    /// The engine's encoders open on this device, which the ranks' pools
+    /// consult before handing out a freed buffer (see `pool.rs`).
+    encoders: Arc<Encoders>,
 }
 
 impl RankDevice {
@@ -260,6 +266,7 @@ impl RankDevice {
                 timestamps,
                 imports,
                 owner,
+                encoders: Arc::default(),
             }),
         }))
     }
@@ -365,7 +372,7 @@ impl RankDevice {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
-        if let Some(b) = lock(&self.pool).take(size, usage) {
+        if let Some(b) = lock(&self.pool).take(&self.encoders, size, usage) {
             return Ok(b);
         }
         self.create_buffer("tensor", size, usage, false)
@@ -373,9 +380,10 @@ impl RankDevice {
 
     /// Gives a tensor's buffer back for reuse. Safe while the device may
     /// still be using it: every later use is submitted to the same queue,
-    /// so runs after what came before.
+    /// so runs after what came before; and while encoders that may have
+    /// recorded it are still open, the pool holds it back (`pool.rs`).
     pub(crate) fn recycle_buffer(&self, buffer: wgpu::Buffer) {
-        lock(&self.pool).put(buffer);
+        lock(&self.pool).put(&self.encoders, buffer);
     }
 
     /// Schedules `data` to be written at the start of `buffer` (padded to
@@ -422,9 +430,10 @@ impl RankDevice {
         self.wait(t, None, "the submitted work")
     }
 
-    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
-        self.device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    /// An encoder for engine commands: buffers freed while it is open are
+    /// not handed out again until it is submitted or dropped.
+    pub(crate) fn encoder(&self) -> Encoder {
+        self.encoders.open(&self.device)
     }
 
     /// Submits what `encoder` recorded, inside error scopes on every
@@ -432,10 +441,12 @@ impl RankDevice {
     /// validation (a destroyed or still-mapped buffer, say) is an error for
     /// the call that made it, naming this rank, and never reaches the
     /// owner's queue of submissions to wait for, so the device goes on.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder, seq: Option<u64>) -> Result<Ticket> {
+    pub(crate) fn submit(&self, encoder: Encoder, seq: Option<u64>) -> Result<Ticket> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let commands = encoder.finish();
+        // Buffers freed while it was open are handed out only once its
+        // commands are on the queue (`open` is dropped after the submit).
+        let (commands, open) = encoder.finish();
         let t = self
             .owner
             .submit(commands, || {
@@ -449,7 +460,9 @@ impl RankDevice {
                     seq,
                     format!("a submission failed validation (nothing of it ran): {e}"),
                 )
-            })?;
+            });
+        drop(open);
+        let t = t?;
         // A device lost before or during the submit runs nothing.
         self.check(seq)?;
         Ok(t)
@@ -536,7 +549,7 @@ impl RankDevice {
     /// and waits (at most the timeout) until the map has happened.
     pub(crate) fn submit_and_map(
         &self,
-        enc: wgpu::CommandEncoder,
+        enc: Encoder,
         buffer: &wgpu::Buffer,
         bytes: u64,
         seq: Option<u64>,
@@ -620,55 +633,4 @@ fn host_memory(info: &wgpu::AdapterInfo) -> bool {
 /// consistent even if a holder panicked.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Most bytes of freed buffers a device keeps for reuse.
-const POOL_BYTES: u64 = 256 << 20;
-
-/// The buffer size for `bytes`: at least 256, then four classes per
-/// doubling, so a pooled buffer wastes at most a quarter of its size and
-/// tensors of similar sizes share buffers.
-pub(crate) fn size_class(bytes: u64) -> u64 {
-    if bytes <= 256 {
-        return 256;
-    }
-    // `bytes > 256`, so the step is at least 64; past 2^63 there is no
-    // class above, and the exact size is used.
-    bytes
-        .checked_next_power_of_two()
-        .map(|p| p / 8)
-        .and_then(|step| bytes.div_ceil(step).checked_mul(step))
-        .unwrap_or(bytes)
-}
-
-/// A caching allocator, as PyTorch's: freed buffers kept by (size, usage),
-/// so that collectives in steady state create no wgpu resources.
-#[derive(Default)]
-struct BufferPool {
-    free: Vec<wgpu::Buffer>,
-    bytes: u64,
-}
-
-impl BufferPool {
-    fn take(&mut self, size: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
-        let i = self
-            .free
-            .iter()
-            .rposition(|b| b.size() == size && b.usage() == usage)?;
-        self.bytes = self.bytes.saturating_sub(size);
-        Some(self.free.swap_remove(i))
-    }
-
-    fn put(&mut self, buffer: wgpu::Buffer) {
-        let size = buffer.size();
-        // Oldest first out, until the new one fits.
-        while self.bytes.saturating_add(size) > POOL_BYTES && !self.free.is_empty() {
-            let old = self.free.remove(0);
-            self.bytes = self.bytes.saturating_sub(old.size());
-        }
-        if size <= POOL_BYTES {
-            self.bytes = self.bytes.saturating_add(size);
-            self.free.push(buffer);
-        }
-    }
 }

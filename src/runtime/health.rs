@@ -20,6 +20,9 @@ use crate::runtime::flight::{Flight, FlightRecord};
 
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
+    /// Each rank's own first failure of the run, with the call it failed:
+    /// what that rank's later calls repeat, saying so.
+    firsts: Mutex<Vec<Option<(u64, Error)>>>,
     /// Ranks whose closure has returned and whose collectives have all
     /// finished: whatever a peer still waits for from them will never come.
     gone: Vec<AtomicBool>,
@@ -37,6 +40,10 @@ pub(crate) struct Health {
     /// Runs started (resets): a failure passed on from another process
     /// belongs to the run it happened in, not to whichever runs here.
     runs: std::sync::atomic::AtomicU32,
+    /// Whether run `runs` is still going (set and cleared under the
+    /// failure lock): news of a departure that comes after it ended, and
+    /// before the next began, is of no run here.
+    in_run: AtomicBool,
     /// What ranks that share a device without meeting on it write.
     pub claims: Claims,
     /// Raised by every failure and departure; shared with the groups
@@ -71,6 +78,7 @@ impl Health {
         Arc::new(Health {
             claims: Claims::new(devices),
             failure: Mutex::new(None),
+            firsts: Mutex::new(vec![None; ranks]),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, depth),
             parent: None,
@@ -78,6 +86,7 @@ impl Health {
             announce: std::sync::OnceLock::new(),
             depart: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
+            in_run: AtomicBool::new(false),
             alarm: Arc::default(),
         })
     }
@@ -88,6 +97,7 @@ impl Health {
         Health {
             claims: Claims::new(parent.0.claims.devices_of(&parent.1)),
             failure: Mutex::new(None),
+            firsts: Mutex::new(vec![None; ranks]),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, parent.0.flight.depth()),
             dump: parent.0.dump.clone(),
@@ -96,6 +106,7 @@ impl Health {
             announce: std::sync::OnceLock::new(),
             depart: std::sync::OnceLock::new(),
             runs: std::sync::atomic::AtomicU32::new(0),
+            in_run: AtomicBool::new(false),
         }
     }
 
@@ -161,13 +172,15 @@ impl Health {
     }
 
     /// Marks `rank`, of another process, as finished in run `run` (not
-    /// passed on): only while that run is this one. Checked under the
-    /// lock `reset` starts a run under, so that a departure read before
-    /// a new run starts is never applied to it.
+    /// passed on): only while that run is this one and still going.
+    /// Checked under the lock `reset` starts a run under and `end_run`
+    /// ends it under, so that a departure read before a new run starts,
+    /// or after this one ended, is never applied (a user's thread between
+    /// runs would be told the rank left).
     #[cfg(feature = "mpi")]
     pub(crate) fn gone_elsewhere(&self, run: u32, rank: usize) {
         let f = lock(&self.failure);
-        if self.runs() == run {
+        if self.runs() == run && self.in_run.load(Ordering::Acquire) {
             self.gone_here(rank);
         }
         drop(f);
@@ -193,6 +206,19 @@ impl Health {
     /// wins), and passes it on to other processes' ranks.
     pub(crate) fn fail(&self, origin: usize, error: Error) {
         self.record(origin, error, true, None);
+    }
+
+    /// Records that `rank`'s call `seq` failed with `error` (its first
+    /// failure of the run is kept, for its later calls to repeat), and the
+    /// group's failure as [`fail`](Self::fail) does, `origin` its cause.
+    pub(crate) fn failed_at(&self, rank: usize, seq: Option<u64>, origin: usize, error: Error) {
+        if let Some(seq) = seq {
+            let mut firsts = lock(&self.firsts);
+            if let Some(slot @ None) = firsts.get_mut(rank) {
+                *slot = Some((seq, error.clone()));
+            }
+        }
+        self.fail(origin, error);
     }
 
     /// Records a failure another process passed on (not passed on again):
@@ -239,11 +265,23 @@ impl Health {
             .is_some_and(|f| !matches!(f.error, Error::Aborted { .. }))
     }
 
-    /// Forgets departures (a run has ended).
-    pub(crate) fn clear_gone(&self) {
+    /// Forgets departures.
+    fn clear_gone(&self) {
         for g in &self.gone {
             g.store(false, Ordering::Release);
         }
+    }
+
+    /// A run has ended: its departures are forgotten, and news of them
+    /// from other processes that comes later is dropped (a rank whose
+    /// closure returned is gone for the run's peers only; the user's
+    /// threads may use its communicator next). A failure stays recorded
+    /// until the next run.
+    pub(crate) fn end_run(&self) {
+        let f = lock(&self.failure);
+        self.in_run.store(false, Ordering::Release);
+        self.clear_gone();
+        drop(f);
     }
 
     /// Runs started so far.
@@ -255,7 +293,9 @@ impl Health {
     pub(crate) fn reset(&self) {
         let mut f = lock(&self.failure);
         *f = None;
+        lock(&self.firsts).iter_mut().for_each(|e| *e = None);
         self.runs.fetch_add(1, Ordering::AcqRel);
+        self.in_run.store(true, Ordering::Release);
         // Under the lock: a departure of the new run, early, is kept.
         self.clear_gone();
         drop(f);
@@ -309,6 +349,15 @@ impl Health {
                 };
             }
         };
+        // A later call of a rank that failed itself: its own first
+        // failure again, saying it is a repeat and of which call (every
+        // rank of a plan refused alike says its own words, not a peer's).
+        let own = lock(&self.firsts).get(rank).cloned().flatten();
+        if let Some((first, e)) = own.filter(|(s, _)| *s != seq && !fp.kind.point_to_point()) {
+            if let Some(again) = e.repeated(rank, seq, first, || self.doing(rank, fp)) {
+                return Err(again.with_flight(self.flight.report()));
+            }
+        }
         // A later call of the run: it says the group failed earlier, and
         // where, rather than repeat the first failure's words as its own.
         let first = match &f.error {
@@ -448,5 +497,27 @@ mod tests {
         assert!(!h.is_gone(2) && !h.failed());
         h.fail_elsewhere(None, 2, failed_elsewhere(2));
         assert!(h.failed(), "a dead process's failure was not recorded");
+    }
+
+    /// A departure that comes after its run ended, before the next one
+    /// starts, marks no one gone: not between runs, where a user's thread
+    /// may send to the rank, nor in the next run.
+    #[test]
+    fn news_from_another_process_between_runs_marks_no_one() {
+        let h = Health::new(vec![Some(0), None], 4, None);
+        h.reset();
+        let run = h.runs();
+        h.end_run();
+        h.gone_elsewhere(run, 1);
+        assert!(!h.is_gone(1), "a departure applied between runs");
+        h.reset();
+        assert!(
+            !h.is_gone(1),
+            "a departure of the run before applied to this one"
+        );
+        h.gone_elsewhere(h.runs(), 1);
+        assert!(h.is_gone(1), "a departure of this run was dropped");
+        h.end_run();
+        assert!(!h.is_gone(1), "a departure outlived its run");
     }
 }

@@ -22,9 +22,9 @@ use std::time::Instant;
 
 use crate::algo::steps::{RingSteps, Span, Steps, reduce_step};
 use crate::deadline::Ring;
-use crate::device::Ticket;
 use crate::device::kernels::Reducer;
 use crate::device::timestamps::Timestamps;
+use crate::device::{Encoder, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
@@ -90,7 +90,7 @@ impl Steps for Prims<'_> {
     fn upload_image(&mut self, image: &[u8]) -> Result<()> {
         Prims::upload_image(self, image)
     }
-    fn encoder(&self) -> wgpu::CommandEncoder {
+    fn encoder(&self) -> Encoder {
         Prims::encoder(self)
     }
     fn encode_reduce(
@@ -103,7 +103,7 @@ impl Steps for Prims<'_> {
     ) -> Result<()> {
         Prims::encode_reduce(self, enc, span, src, src_word, last)
     }
-    fn submit_steps(&mut self, enc: wgpu::CommandEncoder) -> Result<()> {
+    fn submit_steps(&mut self, enc: Encoder) -> Result<()> {
         Prims::submit_steps(self, enc)
     }
     fn call(&self) -> String {
@@ -233,7 +233,7 @@ impl<'a> Prims<'a> {
         Ok(())
     }
 
-    fn submit(&mut self, enc: wgpu::CommandEncoder) -> Result<Ticket> {
+    fn submit(&mut self, enc: Encoder) -> Result<Ticket> {
         let t = self.w.dev.submit(enc, Some(self.w.fp.seq))?;
         self.stage.submitted(t);
         Ok(t)
@@ -259,7 +259,7 @@ impl<'a> Prims<'a> {
     /// Sends `span` of the buffer to the next rank, after the steps
     /// recorded in `enc`: lent where ring steps lend, else copied into a
     /// packet.
-    fn send_after(&mut self, mut enc: wgpu::CommandEncoder, span: Span) -> Result<()> {
+    fn send_after(&mut self, mut enc: Encoder, span: Span) -> Result<()> {
         let next = self.next();
         if self.link.shares_device(next) {
             return self.send_resident(enc, next, span);
@@ -296,12 +296,7 @@ impl<'a> Prims<'a> {
     /// the steps in `enc`: one device copy into a pooled buffer, which
     /// travels as the packet; the receiver's steps read it, submitted
     /// after this copy to the same queue.
-    fn send_resident(
-        &mut self,
-        mut enc: wgpu::CommandEncoder,
-        peer: usize,
-        span: Span,
-    ) -> Result<()> {
+    fn send_resident(&mut self, mut enc: Encoder, peer: usize, span: Span) -> Result<()> {
         let t = Instant::now();
         let copy = self.stage.resident(span.words)?;
         let bytes = span.bytes() as u64;
@@ -337,12 +332,7 @@ impl<'a> Prims<'a> {
     }
 
     /// Copies `span` of the buffer to the host and appends it to `data`.
-    fn download(
-        &mut self,
-        mut enc: wgpu::CommandEncoder,
-        span: Span,
-        data: &mut Vec<u8>,
-    ) -> Result<()> {
+    fn download(&mut self, mut enc: Encoder, span: Span, data: &mut Vec<u8>) -> Result<()> {
         let t = Instant::now();
         let buf = self.buf.clone();
         self.stage.encode_download(
@@ -633,7 +623,7 @@ impl<'a> Prims<'a> {
     }
 
     /// A command encoder for steps recorded together.
-    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+    pub(crate) fn encoder(&self) -> Encoder {
         self.w.dev.encoder()
     }
 
@@ -664,7 +654,7 @@ impl<'a> Prims<'a> {
     }
 
     /// Submits steps recorded together; they write an output.
-    pub(crate) fn submit_steps(&mut self, enc: wgpu::CommandEncoder) -> Result<()> {
+    pub(crate) fn submit_steps(&mut self, enc: Encoder) -> Result<()> {
         self.last = Some(self.submit(enc)?);
         Ok(())
     }

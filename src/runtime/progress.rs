@@ -261,7 +261,7 @@ impl Progress {
                         Error::PeerFailed { peer, .. } => *peer,
                         _ => self.rank,
                     };
-                    self.health.fail(origin, e.clone());
+                    self.health.failed_at(self.rank, seq, origin, e.clone());
                     for (fp, _) in scratch.fps.iter().zip(&scratch.done).filter(|(_, d)| !**d) {
                         self.health.flight.record(self.rank, *fp, State::Failed);
                     }

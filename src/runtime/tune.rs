@@ -342,7 +342,7 @@ impl Table {
         }
         match (lines.next().and_then(|l| l.1.strip_prefix("key ")), key) {
             (Some(k), Some(key)) if k != key => {
-                return Err(format!("measured under {k:?}, not {key:?}"));
+                return Err(format!("measured under {}, not {key:?}", quote(k)));
             }
             (Some(_), _) => {}
             (None, _) => return Err("no key line".into()),
@@ -355,7 +355,7 @@ impl Table {
             if ended {
                 return Err(format!("line {no}: after the end"));
             }
-            let bad = || format!("line {no}: {line:?}");
+            let bad = || format!("line {no}: {}", quote(line));
             let mut f = line.split_whitespace();
             let (Some(first), second) = (f.next(), f.next()) else {
                 return Err(bad());
@@ -425,6 +425,23 @@ impl Table {
     }
 }
 
+/// Most characters of a table's line an error quotes.
+const QUOTED: usize = 200;
+
+/// `line` quoted for an error: whole when short, else its first
+/// [`QUOTED`] characters and how long it was (a table is text from a file
+/// or a user, and a line of megabytes must not make an error as long).
+fn quote(line: &str) -> String {
+    match line.char_indices().nth(QUOTED) {
+        None => format!("{line:?}"),
+        Some((cut, _)) => format!(
+            "{:?}... ({} characters in all)",
+            &line[..cut],
+            line.chars().count()
+        ),
+    }
+}
+
 /// Whether a table's line is a comment (or blank).
 fn is_comment(line: &str) -> bool {
     let l = line.trim();
@@ -435,6 +452,28 @@ fn is_comment(line: &str) -> bool {
 #[allow(clippy::unwrap_used, clippy::float_cmp)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_junk_line_is_quoted_in_part_with_its_length() {
+        let text = format!("{FORMAT}\nkey k\n{}\nend\n", "x".repeat(10 << 20));
+        let why = Table::from_text(&text, None).unwrap_err();
+        assert!(why.len() < 400, "{} bytes of error", why.len());
+        assert!(why.contains("line 3"), "{why}");
+        assert!(
+            why.contains(&format!("({} characters in all)", 10 << 20)),
+            "{why}"
+        );
+        assert!(why.contains(&"x".repeat(QUOTED)), "{why}");
+        // A short line is quoted whole; a long key likewise cut.
+        let short = Table::from_text(&format!("{FORMAT}\nkey k\nbogus line\nend\n"), None);
+        assert_eq!(short.unwrap_err(), "line 3: \"bogus line\"");
+        let long_key = format!("{FORMAT}\nkey {}\nend\n", "é".repeat(1000));
+        let why = Table::from_text(&long_key, Some("mine")).unwrap_err();
+        assert!(
+            why.contains("(1000 characters in all)") && why.len() < 800,
+            "{why}"
+        );
+    }
 
     fn cost(points: &[(f64, f64)]) -> Cost {
         Cost::new(points.to_vec()).unwrap()

@@ -119,11 +119,14 @@ pub(crate) fn table_for(
     tuning: &Tuning,
 ) -> Result<Option<Tuned>> {
     let mode = config.tune()?;
+    // A given table is read, and junk refused, whether or not this world
+    // then tunes (one rank, a plan forced), as every constructor does.
+    let gift = given(config)?;
     let n = devices.len();
     if n < 2 || tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
         return Ok(None);
     }
-    if let Some(t) = given(config)? {
+    if let Some(t) = gift {
         return Ok(Some(t));
     }
     if mode == Tune::Off {
