@@ -99,8 +99,10 @@ impl Alarm {
         self.bells.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hangs `bell` until the guard drops.
-    fn hang(&self, bell: &Arc<dyn Ring>) -> Hung<'_> {
+    /// Hangs `bell` until the guard drops: every raise rings it. Hang it
+    /// before taking the lock its ring takes, and drop the guard after
+    /// letting go of that lock.
+    pub(crate) fn hang(&self, bell: &Arc<dyn Ring>) -> Hung<'_> {
         self.bells().push(bell.clone());
         Hung {
             alarm: self,
@@ -110,7 +112,7 @@ impl Alarm {
 }
 
 /// A bell hung on an alarm, taken down when dropped.
-struct Hung<'a> {
+pub(crate) struct Hung<'a> {
     alarm: &'a Alarm,
     bell: Arc<dyn Ring>,
 }

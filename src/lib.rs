@@ -91,6 +91,26 @@ mod transport;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// The other documents' examples, compiled (and run, unless `no_run`) as
+/// doctests, so that none goes stale.
+#[cfg(doctest)]
+mod doc_examples {
+    #[doc = include_str!("../ARCHITECTURE.md")]
+    pub struct Architecture;
+    #[doc = include_str!("../CONTRIBUTING.md")]
+    pub struct Contributing;
+    #[doc = include_str!("../docs/configuration.md")]
+    pub struct Configuration;
+    #[doc = include_str!("../docs/graphs.md")]
+    pub struct Graphs;
+    #[doc = include_str!("../docs/performance.md")]
+    pub struct Performance;
+    #[doc = include_str!("../docs/processes.md")]
+    pub struct Processes;
+    #[doc = include_str!("../docs/tuning.md")]
+    pub struct Tuning;
+}
+
 /// The wgpu this crate is built on, so that users name the same one.
 pub use wgpu;
 

@@ -252,7 +252,7 @@ fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         out!(
             "# Warning: the iterations varied by more than {:.0}% (interquartile range over \
              median) at {} of {} sizes ({} B): the machine was busy. Compare runs with \
-             ../shared/peers/ab, not one against another.",
+             the repository's scripts/peers/ab (paired rounds), not one against another.",
             bench::BUSY * 100.0,
             busy.len(),
             rows.len(),

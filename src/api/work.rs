@@ -22,10 +22,6 @@ use crate::runtime::plan::Plan;
 use crate::runtime::work_state::SplitTable;
 use crate::runtime::work_state::{Phase, WorkState};
 
-/// How often a send waiting for its receiver looks whether the receiver
-/// has returned from its closure.
-const DEPARTURES: Duration = Duration::from_millis(20);
-
 /// An asynchronous collective in flight: wait on it (or `.await` it) to get
 /// its output.
 ///
@@ -178,8 +174,15 @@ impl Work {
 
     fn finish(&self, deadline: Option<Instant>) -> Result<()> {
         let start = Instant::now();
+        // A send waiting for its receiver hangs a bell on the group's
+        // alarm, which every departure and failure raises: taken before
+        // the phase lock, which the bell takes to ring.
+        let alarm = &self.health.alarm;
+        let bell: Arc<dyn crate::deadline::Ring> = self.state.clone();
+        let mut hung = None;
         let mut phase = lock(&self.state.phase);
         loop {
+            let seen = alarm.raised();
             let now = Instant::now();
             let limit = match (&*phase, deadline) {
                 (Phase::Done, _) => return Ok(()),
@@ -211,6 +214,12 @@ impl Work {
                 }
             };
             let unreceipted = matches!(*phase, Phase::Unreceipted);
+            if unreceipted && hung.is_none() {
+                drop(phase);
+                hung = Some(alarm.hang(&bell));
+                phase = lock(&self.state.phase);
+                continue;
+            }
             // A receiver that returned from its closure will never match
             // a send to it: fail now, not at the deadline. Only the sends
             // not yet matched count (a group's other peers may be gone
@@ -242,16 +251,11 @@ impl Work {
                 };
                 return Err(self.timeout_error(what, start.elapsed()));
             }
-            // Until the phase moves on (or the limit passes: checked above);
-            // a send looks at its receiver now and then.
-            let limit = if unreceipted {
-                limit.min(now.checked_add(DEPARTURES).unwrap_or(limit))
-            } else {
-                limit
-            };
+            // Until the phase moves on, the limit passes (checked above),
+            // or, for a send, the alarm rings: its receiver may have left.
             let was = std::mem::discriminant(&*phase);
             phase = crate::deadline::wait_until(&self.state.changed, phase, limit, |p| {
-                std::mem::discriminant(p) != was
+                std::mem::discriminant(p) != was || (unreceipted && alarm.raised() != seen)
             })
             .0;
         }

@@ -177,13 +177,19 @@ impl Health {
     /// ends it under, so that a departure read before a new run starts,
     /// or after this one ended, is never applied (a user's thread between
     /// runs would be told the rank left).
+    /// The alarm is raised after the lock is let go: bells take the locks
+    /// of their waits, which may be waiting for this one.
     #[cfg(feature = "mpi")]
     pub(crate) fn gone_elsewhere(&self, run: u32, rank: usize) {
         let f = lock(&self.failure);
-        if self.runs() == run && self.in_run.load(Ordering::Acquire) {
-            self.gone_here(rank);
+        let now = self.runs() == run && self.in_run.load(Ordering::Acquire);
+        if let Some(g) = self.gone.get(rank).filter(|_| now) {
+            g.store(true, Ordering::Release);
         }
         drop(f);
+        if now {
+            self.alarm.raise();
+        }
     }
 
     /// Where departures of this process's ranks are passed on (set once).

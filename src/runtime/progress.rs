@@ -348,7 +348,7 @@ impl Progress {
         if let (Some(heal), true) = (self.tuning.heal.clone(), n > 1 && !p2p) {
             // The plans every rank decides by at this call (rank 0's).
             let health = &self.health;
-            let (d, run) = heal.at(r, op.fp.seq, self.timeout, || {
+            let (d, run) = heal.at(r, op.fp.seq, self.timeout, &self.health.alarm, || {
                 health.check(r, &op.fp)?;
                 if health.is_gone(0) {
                     return Err(waiter.peer_failed(

@@ -38,6 +38,16 @@ pub(crate) struct Outputs {
     abandoned: bool,
 }
 
+/// A raised alarm (a rank returned, a peer failed) wakes a `Work`
+/// waiting on this state, to look again at what it waits for: a send's
+/// receiver that left will never match it.
+impl crate::deadline::Ring for WorkState {
+    fn ring(&self) {
+        let _p = lock(&self.phase);
+        self.changed.notify_all();
+    }
+}
+
 /// Shared between a `Work` and the progress thread running it.
 pub(crate) struct WorkState {
     pub phase: Mutex<Phase>,

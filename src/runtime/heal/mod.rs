@@ -26,6 +26,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::deadline::{Alarm, Ring};
 use crate::error::{Error, Result};
 use crate::runtime::fingerprint::Kind;
 pub(crate) mod span;
@@ -407,10 +408,23 @@ struct Board {
     early: Vec<Decided>,
 }
 
-/// A world's healing: rank 0 decides, every rank reads.
-pub(crate) struct Heal {
+/// The decisions ranks wait for, and the condition variable they wait
+/// on, which a raised alarm rings too (a peer's failure ends the wait).
+struct Notices {
     board: Mutex<Board>,
     decided: Condvar,
+}
+
+impl Ring for Notices {
+    fn ring(&self) {
+        let _b = hold(&self.board);
+        self.decided.notify_all();
+    }
+}
+
+/// A world's healing: rank 0 decides, every rank reads.
+pub(crate) struct Heal {
+    notices: Arc<Notices>,
     healer: Mutex<Healer>,
     /// The calls the ranks are finishing.
     timing: Mutex<Timing>,
@@ -459,13 +473,15 @@ impl Heal {
             explore: None,
         };
         Heal {
-            board: Mutex::new(Board {
-                run: 0,
-                changes: vec![(0, first)],
-                upto: AHEAD,
-                early: Vec::new(),
+            notices: Arc::new(Notices {
+                board: Mutex::new(Board {
+                    run: 0,
+                    changes: vec![(0, first)],
+                    upto: AHEAD,
+                    early: Vec::new(),
+                }),
+                decided: Condvar::new(),
             }),
-            decided: Condvar::new(),
             healer: Mutex::new(Healer::new(table)),
             timing: Mutex::new(Timing::default()),
             keep,
@@ -484,7 +500,7 @@ impl Heal {
         *hold(&self.timing) = Timing::default();
         if !self.decides() {
             // Process 0 says what this run starts with.
-            let mut b = hold(&self.board);
+            let mut b = hold(&self.notices.board);
             b.run = b.run.wrapping_add(1);
             b.changes.clear();
             b.upto = 0;
@@ -496,7 +512,7 @@ impl Heal {
                 apply(&mut b, d);
             }
             drop(b);
-            self.decided.notify_all();
+            self.notices.decided.notify_all();
             return;
         }
         let mut h = hold(&self.healer);
@@ -507,7 +523,7 @@ impl Heal {
             table,
             explore: None,
         };
-        let mut b = hold(&self.board);
+        let mut b = hold(&self.notices.board);
         b.run = b.run.wrapping_add(1);
         b.changes = vec![(0, first.clone())];
         b.upto = AHEAD;
@@ -539,7 +555,7 @@ impl Heal {
                 }
             }
             Some(Note::Decided(d)) if !self.decides() => {
-                let mut b = hold(&self.board);
+                let mut b = hold(&self.notices.board);
                 if d.run == b.run {
                     apply(&mut b, d);
                 } else if d.run.wrapping_sub(b.run) < u32::MAX / 2 && b.early.len() < 256 {
@@ -547,7 +563,7 @@ impl Heal {
                     b.early.push(d);
                 }
                 drop(b);
-                self.decided.notify_all();
+                self.notices.decided.notify_all();
             }
             _ => tracing::warn!(
                 bytes = words.len(),
@@ -560,7 +576,7 @@ impl Heal {
     /// is in, the call took the slowest's.
     fn merge(&self, call: SeenCall) {
         let processes = self.span.as_ref().map_or(1, |s| s.processes);
-        if call.at.0 != hold(&self.board).run {
+        if call.at.0 != hold(&self.notices.board).run {
             // A run left (its late batch), or one not started here.
             return;
         }
@@ -591,12 +607,14 @@ impl Heal {
 
     /// The directive for collective `seq` of the current run on `rank`,
     /// and the run: rank 0 decides what is due first; the others wait for
-    /// it, `patience` at most, or until `failed` says the group failed.
+    /// it, `patience` at most, or until `failed` says the group failed
+    /// (looked at again whenever `alarm`, the group's, is raised).
     pub(crate) fn at(
         &self,
         rank: usize,
         seq: u64,
         patience: Duration,
+        alarm: &Alarm,
         failed: impl Fn() -> Result<()>,
     ) -> Result<(Directive, u32)> {
         let deadline = crate::deadline::after(patience);
@@ -604,7 +622,9 @@ impl Heal {
         if rank == 0 {
             self.decide_upto(c.saturating_add(AHEAD));
         }
-        let mut b = hold(&self.board);
+        let bell: Arc<dyn Ring> = self.notices.clone();
+        let _hung = alarm.hang(&bell);
+        let mut b = hold(&self.notices.board);
         while b.upto < c || b.changes.is_empty() {
             failed()?;
             let now = Instant::now();
@@ -626,12 +646,13 @@ impl Heal {
                     flight: String::new(),
                 });
             }
-            let slice = deadline
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(20));
+            // Woken by a decision, or by the alarm (its bell takes this
+            // lock to ring, so no ring falls between the look and the
+            // sleep).
             b = self
+                .notices
                 .decided
-                .wait_timeout(b, slice)
+                .wait_timeout(b, deadline.saturating_duration_since(now))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
@@ -654,7 +675,7 @@ impl Heal {
     /// Rank 0: decides every checkpoint up to `upto`.
     fn decide_upto(&self, upto: u64) {
         let (run, from) = {
-            let b = hold(&self.board);
+            let b = hold(&self.notices.board);
             (b.run, b.upto)
         };
         if from >= upto {
@@ -670,7 +691,7 @@ impl Heal {
                 decisions.push((c, d));
             }
         }
-        let mut b = hold(&self.board);
+        let mut b = hold(&self.notices.board);
         let mut fresh = Vec::new();
         for (c, d) in decisions {
             let same = b.changes.last().is_some_and(|(_, last)| {
@@ -701,7 +722,7 @@ impl Heal {
             b.changes.remove(0);
         }
         drop(b);
-        self.decided.notify_all();
+        self.notices.decided.notify_all();
         self.tell(told);
         if let Some(t) = learned {
             (self.keep)(&t);
@@ -927,7 +948,9 @@ mod tests {
         let mut plans = vec![Vec::new(); n];
         for seq in 0..calls {
             for (r, mine) in plans.iter_mut().enumerate() {
-                let (d, run) = heal.at(r, seq, Duration::from_secs(1), || Ok(())).unwrap();
+                let (d, run) = heal
+                    .at(r, seq, Duration::from_secs(1), &Alarm::default(), || Ok(()))
+                    .unwrap();
                 tuning.table = Some(d.table.clone());
                 tuning.prefer = d.prefer(Kind::AllReduce, Some(bytes), seq);
                 let plan = planner::choose(&tuning, &what, n, &Some(Ok(()))).unwrap();
@@ -1077,7 +1100,9 @@ mod tests {
         for seq in 0..300u64 {
             for (r, mine) in plans.iter_mut().enumerate() {
                 let heal = if r < 2 { &p0 } else { &p1 };
-                let (d, run) = heal.at(r, seq, Duration::from_secs(1), || Ok(())).unwrap();
+                let (d, run) = heal
+                    .at(r, seq, Duration::from_secs(1), &Alarm::default(), || Ok(()))
+                    .unwrap();
                 let plan = planner::choose(&tuning(&d, seq), &what, 4, &Some(Ok(()))).unwrap();
                 mine.push(plan);
                 if r == 0 || r == 2 {
@@ -1127,7 +1152,9 @@ mod tests {
         // Junk from the wire is dropped, and nothing moves.
         p1.receive(&[2, 0, 0]);
         p0.receive(&[]);
-        let (d, _) = p1.at(2, 299, Duration::from_secs(1), || Ok(())).unwrap();
+        let (d, _) = p1
+            .at(2, 299, Duration::from_secs(1), &Alarm::default(), || Ok(()))
+            .unwrap();
         let plan = planner::choose(&tuning(&d, 299), &what, 4, &Some(Ok(()))).unwrap();
         assert_eq!(plan, Plan::Direct);
     }
@@ -1148,7 +1175,13 @@ mod tests {
         p1.new_run();
         // Checkpoint 0 is decided in one process from the start; here,
         // only when process 0 says so.
-        match p1.at(1, 0, Duration::from_millis(30), || Ok(())) {
+        match p1.at(
+            1,
+            0,
+            Duration::from_millis(30),
+            &Alarm::default(),
+            || Ok(()),
+        ) {
             Err(Error::Timeout { what, .. }) => {
                 assert!(what.contains("nothing of this run"), "{what}")
             }
@@ -1162,20 +1195,53 @@ mod tests {
         // Rank 1 at a checkpoint rank 0 has not decided: it waits, and
         // fails at its deadline naming what it waited for.
         let far = (AHEAD + 2) * EVERY;
-        match heal.at(1, far, Duration::from_millis(30), || Ok(())) {
+        match heal.at(1, far, Duration::from_millis(30), &Alarm::default(), || {
+            Ok(())
+        }) {
             Err(Error::Timeout { what, .. }) => assert!(what.contains("rank 0"), "{what}"),
             other => panic!("{other:?}"),
         }
         // A failure of the group ends the wait at once.
         let deadline = Duration::from_secs(60);
         let t = Instant::now();
-        let r = heal.at(1, far, deadline, || {
+        let r = heal.at(1, far, deadline, &Alarm::default(), || {
             Err(Error::Aborted { rank: 1, seq: far })
         });
         assert!(matches!(r, Err(Error::Aborted { .. })));
         assert!(t.elapsed() < Duration::from_secs(5));
         // Once rank 0 gets there, the same call is answered.
-        heal.at(0, far, deadline, || Ok(())).unwrap();
-        assert!(heal.at(1, far, deadline, || Ok(())).is_ok());
+        heal.at(0, far, deadline, &Alarm::default(), || Ok(()))
+            .unwrap();
+        assert!(
+            heal.at(1, far, deadline, &Alarm::default(), || Ok(()))
+                .is_ok()
+        );
+    }
+
+    /// A failure that comes while a rank waits for rank 0 ends the wait
+    /// when the group's alarm is raised, not at a timer's next look.
+    #[test]
+    fn a_failure_during_the_wait_ends_it_when_the_alarm_rings() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let heal = Heal::new(table(|p| p), Box::new(|_: &Table| {}));
+        let far = (AHEAD + 2) * EVERY;
+        let (alarm, failed) = (Alarm::default(), AtomicBool::new(false));
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                failed.store(true, Ordering::SeqCst);
+                alarm.raise();
+            });
+            let r = heal.at(1, far, Duration::from_secs(60), &alarm, || {
+                if failed.load(Ordering::SeqCst) {
+                    Err(Error::Aborted { rank: 1, seq: far })
+                } else {
+                    Ok(())
+                }
+            });
+            assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
+        });
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     }
 }

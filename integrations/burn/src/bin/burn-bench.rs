@@ -1,6 +1,6 @@
 //! All-reduce of burn f32 tensors through the engine, printed as
 //! nccl-tests prints it, to be read beside burn's own `Tensor::all_reduce`
-//! (`../shared/peers/burn-allreduce`) by `compare-allreduce`.
+//! (`scripts/peers/burn-allreduce`) by `compare-allreduce`.
 //!
 //! Out-of-place is burn's calling shape exactly: `all_reduce(inputs.clone())`
 //! on tensors that share their handles with `inputs`, so every call writes
