@@ -115,12 +115,11 @@ mod doc_examples {
 pub use wgpu;
 
 pub use api::comm::Communicator;
+pub use api::config::{HostLink, MAX_RANKS, Placement, Tune, WorldConfig};
 pub use api::group::Group;
-pub use api::host_link::{HostLink, request_device};
-pub use api::placement::Placement;
-pub use api::tune::Tune;
+pub use api::host_link::request_device;
 pub use api::work::Work;
-pub use api::world::{MAX_RANKS, World, WorldConfig};
+pub use api::world::World;
 pub use device::kernels::{reduction_wgsl, reduction_workgroups};
 pub use device::tensor::{DType, Element, Tensor};
 pub use error::{Error, Result};

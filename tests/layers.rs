@@ -299,3 +299,227 @@ fn a_folder_is_one_module_of_the_cycle_check() {
         Some(vec!["a".into(), "f".into(), "a".into()])
     );
 }
+
+/// A file's module path under `src/` (`runtime/heal/span.rs` is
+/// `runtime::heal::span`, a folder's `mod.rs` the folder, `lib.rs` the
+/// root), and whether it is a folder's (or the root's) own file.
+fn module_of(rel: &Path) -> (Vec<String>, bool) {
+    let mut parts: Vec<String> = rel
+        .with_extension("")
+        .components()
+        .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
+        .collect();
+    match parts.last().map(String::as_str) {
+        Some("mod") => {
+            parts.pop();
+            (parts, true)
+        }
+        Some("lib") if parts.len() == 1 => (Vec::new(), true),
+        _ => (parts, false),
+    }
+}
+
+/// The paths a use tree names, from `s[*i..]`: `a::b::{c, d::{e, f}}`
+/// gives `a::b::c`, `a::b::d::e`, `a::b::d::f`.
+fn use_tree(s: &[u8], i: &mut usize) -> Vec<Vec<String>> {
+    let ws = |i: &mut usize| {
+        while *i < s.len() && s[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    ws(i);
+    if s.get(*i) == Some(&b'{') {
+        *i += 1;
+        let mut out = Vec::new();
+        loop {
+            out.extend(use_tree(s, i));
+            ws(i);
+            match s.get(*i) {
+                Some(b',') => *i += 1,
+                Some(b'}') => {
+                    *i += 1;
+                    break;
+                }
+                _ => break,
+            }
+            ws(i);
+            if s.get(*i) == Some(&b'}') {
+                *i += 1;
+                break;
+            }
+        }
+        return out;
+    }
+    let start = *i;
+    while *i < s.len() && (s[*i].is_ascii_alphanumeric() || s[*i] == b'_') {
+        *i += 1;
+    }
+    let ident = String::from_utf8_lossy(&s[start..*i]).to_string();
+    if ident.is_empty() {
+        return vec![Vec::new()];
+    }
+    if s.get(*i..*i + 2) == Some(b"::".as_slice()) {
+        *i += 2;
+        return use_tree(s, i)
+            .into_iter()
+            .map(|mut rest| {
+                rest.insert(0, ident.clone());
+                rest
+            })
+            .collect();
+    }
+    vec![vec![ident]]
+}
+
+/// Every module path `code` names through `crate::`, `super::` or
+/// `self::`, made absolute for the module `here` (whose own file is a
+/// folder's when `folder`).
+fn named_paths(code: &str, here: &[String]) -> Vec<Vec<String>> {
+    let s = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let boundary = i == 0 || !(s[i - 1].is_ascii_alphanumeric() || s[i - 1] == b'_');
+        let rest = &s[i..];
+        let (base, skip): (Vec<String>, usize) = if boundary && rest.starts_with(b"crate::") {
+            (Vec::new(), "crate::".len())
+        } else if boundary && rest.starts_with(b"super::") {
+            let mut up = here.to_vec();
+            let mut skip = 0;
+            while s[i + skip..].starts_with(b"super::") {
+                up.pop();
+                skip += "super::".len();
+            }
+            (up, skip)
+        } else if boundary && rest.starts_with(b"self::") {
+            (here.to_vec(), "self::".len())
+        } else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + skip;
+        for tail in use_tree(s, &mut j) {
+            let mut full = base.clone();
+            full.extend(tail.into_iter().filter(|t| t != "self"));
+            out.push(full);
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+/// Each source file's module and the modules of other files it names
+/// (before its unit tests). A folder is one module seen from outside it:
+/// naming the folder (its own file) names every file in it. A folder's
+/// own file naming what is inside the folder is no edge: the folder is
+/// made of those.
+fn file_graph(src: &Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let files: Vec<(PathBuf, Vec<String>, bool)> = sources(src)
+        .into_iter()
+        .filter(|f| f.strip_prefix(src).is_ok_and(|r| r != Path::new("main.rs")))
+        .map(|f| {
+            let (m, folder) = module_of(f.strip_prefix(src).unwrap_or(&f));
+            (f, m, folder)
+        })
+        .collect();
+    let modules: std::collections::BTreeSet<Vec<String>> =
+        files.iter().map(|(_, m, _)| m.clone()).collect();
+    let resolve = |path: &[String]| -> Option<Vec<String>> {
+        (0..=path.len())
+            .rev()
+            .map(|k| path[..k].to_vec())
+            .find(|p| modules.contains(p))
+    };
+    let mut edges = std::collections::BTreeMap::new();
+    for (file, here, folder) in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let code: String = text
+            .lines()
+            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut deps: Vec<String> = named_paths(&code, here)
+            .iter()
+            .filter_map(|p| resolve(p))
+            .filter(|t| t != here && !(*folder && t.starts_with(here)))
+            .flat_map(|t| {
+                // From outside a folder, the folder and all it holds.
+                let outside = !here.starts_with(&t);
+                modules
+                    .iter()
+                    .filter(|m| **m == t || (outside && m.starts_with(&t)))
+                    .map(|m| m.join("::"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        deps.sort();
+        deps.dedup();
+        edges.insert(here.join("::"), deps);
+    }
+    edges
+}
+
+#[test]
+fn no_two_files_name_each_other_even_through_others() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = file_graph(&src);
+    assert!(edges.len() > 50, "the crate's files: {}", edges.len());
+    // The graph is read, not empty: the communicator queues on the
+    // progress thread.
+    assert!(
+        edges["api::comm"].contains(&"runtime::progress".to_string()),
+        "{:?}",
+        edges["api::comm"]
+    );
+    if let Some(c) = cycle(&edges) {
+        panic!("files that name each other: {}", c.join(" -> "));
+    }
+}
+
+#[test]
+fn the_file_check_reads_use_trees_over_lines_and_relative_paths() {
+    let here: Vec<String> = vec!["runtime".into(), "heal".into(), "span".into()];
+    let code = "use crate::runtime::{\n    hop::{Link, Packet},\n    plan::Plan,\n};\nuse super::Heal;\nuse self::inner::X;\nfn f() { mycrate::x(); super::super::cost::y(); }";
+    let got = named_paths(code, &here);
+    let has = |p: &str| got.iter().any(|g| g.join("::") == p);
+    assert!(
+        has("runtime::hop::Link") && has("runtime::hop::Packet"),
+        "{got:?}"
+    );
+    assert!(
+        has("runtime::plan::Plan") && has("runtime::heal::Heal"),
+        "{got:?}"
+    );
+    assert!(
+        has("runtime::heal::span::inner::X") && has("runtime::cost::y"),
+        "{got:?}"
+    );
+    assert!(
+        !got.iter().any(|g| g.first().is_some_and(|s| s == "x")),
+        "{got:?}"
+    );
+    // Two files naming each other, through a folder's file: a cycle; a
+    // folder's own file naming its parts: none.
+    let dir = std::env::temp_dir().join(format!("layers-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("api/tune")).expect("a temporary folder");
+    let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).expect("a file");
+    write("lib.rs", "mod api;\nuse crate::api::world::World;\n");
+    write(
+        "api/mod.rs",
+        "pub(crate) mod world;\npub(crate) mod tune;\n",
+    );
+    write(
+        "api/tune/mod.rs",
+        "pub(crate) mod timing;\nuse self::timing::T;\n",
+    );
+    write("api/tune/timing.rs", "use super::super::world::World;\n");
+    write("api/world.rs", "use crate::api::tune::{\n    Tuned,\n};\n");
+    let edges = file_graph(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(edges["api::tune"], Vec::<String>::new(), "{edges:?}");
+    assert_eq!(edges[""], Vec::<String>::new(), "{edges:?}");
+    let c = cycle(&edges).expect("world -> tune -> ... -> world");
+    assert!(c.contains(&"api::world".to_string()), "{c:?}");
+}

@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::api::placement::Placement;
-use crate::api::world::{MAX_RANKS, WorldConfig};
+use crate::api::config::{MAX_RANKS, Placement, WorldConfig};
 use crate::device::RankDevice;
 use crate::error::{Error, Result};
 

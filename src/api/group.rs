@@ -9,6 +9,7 @@
 use std::cell::RefCell;
 
 use crate::api::comm::{Call, Communicator, Dest};
+use crate::api::work::Work;
 use crate::device::tensor::Tensor;
 use crate::error::Result;
 use crate::op::ReduceOp;
@@ -40,6 +41,46 @@ impl std::fmt::Debug for Group<'_> {
             self.comm,
             self.calls.borrow().len()
         )
+    }
+}
+
+impl Communicator {
+    /// Launches every call `calls` makes on its [`Group`] together, as
+    /// `ncclGroupStart`/`ncclGroupEnd` (or torch's `batch_isend_irecv`)
+    /// do: sends, receives and the `*_into` collectives, in any mix of
+    /// kinds and dtypes, under one `Work` whose `wait_all` gives every
+    /// call's outputs in call order (an empty tensor for a send). The
+    /// calls of a group must not depend on each other: on each rank its
+    /// sends go first, then its collectives in call order, then its
+    /// receives, so a ring of sends and receives in one group cannot
+    /// deadlock. Should `calls` fail, nothing is launched.
+    ///
+    /// ```
+    /// # use wgpu_collectives::*;
+    /// # fn main() -> Result<(), Error> {
+    /// let world = World::new(WorldConfig::new(3))?;
+    /// let got = world.run(|c| -> Result<Vec<i32>, Error> {
+    ///     let (n, r) = (c.size(), c.rank());
+    ///     let x = c.tensor(&[r as i32; 2])?;
+    ///     let (from_prev, sum) = (c.zeros(DType::I32, 2)?, c.zeros(DType::I32, 2)?);
+    ///     c.group(|g| {
+    ///         g.send(&x, (r + 1) % n)?;
+    ///         g.recv(&from_prev, (r + n - 1) % n)?;
+    ///         g.all_reduce_into(&x, &sum, ReduceOp::Sum)
+    ///     })?
+    ///     .wait_all()?;
+    ///     Ok([from_prev.to_vec::<i32>()?, sum.to_vec::<i32>()?].concat())
+    /// })?;
+    /// assert_eq!(got[0].clone()?, vec![2, 2, 3, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub fn group<F>(&self, calls: F) -> Result<Work>
+    where
+        F: FnOnce(&Group<'_>) -> Result<()>,
+    {
+        let g = Group::new(self);
+        calls(&g)?;
+        self.issue_all(g.into_calls())
     }
 }
 

@@ -11,69 +11,6 @@
 
 use crate::error::{Error, Result};
 
-/// What carries bytes between ranks on separate devices
-/// ([`WorldConfig::with_host_link`](crate::WorldConfig::with_host_link),
-/// or `WGPU_COLLECTIVES_HOST_LINK=auto|mapped|staging`).
-///
-/// ```
-/// use wgpu_collectives::{HostLink, WorldConfig};
-///
-/// let config = WorldConfig::new(4).with_host_link(HostLink::Staging);
-/// assert_eq!(HostLink::parse("mapped"), Some(HostLink::Mapped));
-/// # let _ = config;
-/// ```
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HostLink {
-    /// Mapped where every device of the world can import host memory,
-    /// else staged.
-    #[default]
-    Auto,
-    /// Host memory both devices import: no map, no memcpy, no staging. A
-    /// world whose devices cannot import it is refused, saying why.
-    Mapped,
-    /// Through mapped staging buffers and host copies, as on any backend.
-    Staging,
-}
-
-impl HostLink {
-    /// Parses `auto`, `mapped` or `staging`.
-    pub fn parse(s: &str) -> Option<HostLink> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(HostLink::Auto),
-            "mapped" => Some(HostLink::Mapped),
-            "staging" | "staged" => Some(HostLink::Staging),
-            _ => None,
-        }
-    }
-
-    /// The name [`HostLink::parse`] takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            HostLink::Auto => "auto",
-            HostLink::Mapped => "mapped",
-            HostLink::Staging => "staging",
-        }
-    }
-
-    /// `WGPU_COLLECTIVES_HOST_LINK`, else `Auto`.
-    pub(crate) fn from_env() -> Result<HostLink> {
-        match std::env::var("WGPU_COLLECTIVES_HOST_LINK") {
-            Ok(s) if !s.is_empty() => HostLink::parse(&s).ok_or_else(|| Error::InvalidArgument {
-                rank: None,
-                what: format!("WGPU_COLLECTIVES_HOST_LINK={s:?}: expected auto, mapped or staging"),
-            }),
-            _ => Ok(HostLink::Auto),
-        }
-    }
-}
-
-impl std::fmt::Display for HostLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Opens a device on `adapter` as `desc` asks, able to import host memory
 /// where the adapter can (a Vulkan driver with
 /// `VK_EXT_external_memory_host`), so that worlds on devices the user

@@ -3,9 +3,10 @@
 
 pub(crate) mod bootstrap;
 pub(crate) mod comm;
+pub(crate) mod config;
 pub(crate) mod group;
 pub(crate) mod host_link;
-pub(crate) mod placement;
+pub(crate) mod timed;
 pub(crate) mod tune;
 pub(crate) mod work;
 pub(crate) mod world;

@@ -5,21 +5,18 @@
 //! adapter), and they talk only through the transport's links, as ranks in
 //! separate processes would.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use crate::api::bootstrap::{adopt, check, devices_on, find_adapters};
 use crate::api::comm::{Communicator, Reach, keep_unwound_links, release_unwound_links};
-use crate::api::host_link::HostLink;
-use crate::api::placement::Placement;
-use crate::api::tune::{Tune, Tuned, cache};
-use crate::device::{Import, RankDevice, Wants};
+use crate::api::config::{HostLink, Placement, WorldConfig};
+use crate::api::tune::timing::Bench;
+use crate::api::tune::{Tuned, cache};
+use crate::device::RankDevice;
 use crate::error::{Error, Result, panic_message};
-use crate::runtime::cost::{Algorithm, CostModel, Rates};
+use crate::runtime::cost::{Algorithm, CostModel};
 use crate::runtime::flight::FlightRecord;
-use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
@@ -29,505 +26,6 @@ use crate::runtime::shared;
 use crate::runtime::split::Splits;
 use crate::transport::MakePlace;
 use crate::transport::local::mesh;
-
-/// Most ranks a world may have.
-pub const MAX_RANKS: usize = 64;
-
-/// How to build a [`World`].
-#[derive(Debug, Clone)]
-pub struct WorldConfig {
-    ranks: usize,
-    backends: Option<wgpu::Backends>,
-    adapter_name: Option<String>,
-    timeout: Duration,
-    algorithm: Option<Algorithm>,
-    plan: Option<Option<Plan>>,
-    fold_order: Option<FoldOrder>,
-    required_features: wgpu::Features,
-    required_limits: Option<wgpu::Limits>,
-    flight_depth: Option<usize>,
-    flight_dump: Option<std::path::PathBuf>,
-    placement: Option<Placement>,
-    host_link: Option<HostLink>,
-    tune: Option<Tune>,
-    tune_cache: Option<PathBuf>,
-    tune_table: Option<String>,
-    heal: Option<bool>,
-    busy: Option<f64>,
-    expected: Option<(usize, usize)>,
-    /// A world tuning makes to time a plan: it logs nothing of its own.
-    pub(crate) quiet: bool,
-}
-
-impl WorldConfig {
-    /// A world of `ranks` ranks, with backends and adapter from the
-    /// `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` environment variables, and a
-    /// 60 s timeout.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use wgpu_collectives::WorldConfig;
-    ///
-    /// let config = WorldConfig::new(4).with_timeout(Duration::from_secs(10));
-    /// assert_eq!(config.ranks(), 4);
-    /// ```
-    pub fn new(ranks: usize) -> WorldConfig {
-        WorldConfig {
-            ranks,
-            backends: None,
-            adapter_name: None,
-            timeout: Duration::from_secs(60),
-            algorithm: None,
-            plan: None,
-            fold_order: None,
-            required_features: wgpu::Features::empty(),
-            required_limits: None,
-            flight_depth: None,
-            flight_dump: None,
-            placement: None,
-            host_link: None,
-            tune: None,
-            tune_cache: None,
-            tune_table: None,
-            heal: None,
-            busy: None,
-            expected: None,
-            quiet: false,
-        }
-    }
-
-    /// Where the ranks run (default: the `WGPU_COLLECTIVES_PLACEMENT`
-    /// environment variable, else [`Placement::Auto`]: ranks on one
-    /// adapter share its device).
-    pub fn with_placement(mut self, placement: Placement) -> Self {
-        self.placement = Some(placement);
-        self
-    }
-
-    pub(crate) fn placement(&self) -> Result<Placement> {
-        match self.placement {
-            Some(p) => Ok(p),
-            None => Placement::from_env(),
-        }
-    }
-
-    /// What carries bytes between ranks on separate devices (default: the
-    /// `WGPU_COLLECTIVES_HOST_LINK` environment variable, else
-    /// [`HostLink::Auto`]: host memory both devices map, where they can).
-    /// Forcing [`HostLink::Mapped`] on devices that cannot import host
-    /// memory makes the world an [`Error::InvalidArgument`] saying why.
-    pub fn with_host_link(mut self, link: HostLink) -> Self {
-        self.host_link = Some(link);
-        self
-    }
-
-    pub(crate) fn host_link(&self) -> Result<HostLink> {
-        match self.host_link {
-            Some(l) => Ok(l),
-            None => HostLink::from_env(),
-        }
-    }
-
-    /// Collectives each rank's flight record keeps (default: the
-    /// `WGPU_COLLECTIVES_FLIGHT_DEPTH` environment variable, else 64).
-    pub fn with_flight_depth(mut self, depth: usize) -> Self {
-        self.flight_depth = Some(depth);
-        self
-    }
-
-    /// Where the first failure of a group (a timeout, a mismatch, a peer
-    /// failure) writes the flight record as JSON: `PATH.ranks-LO-HI.json`,
-    /// with the group's world ranks (default: the
-    /// `WGPU_COLLECTIVES_FLIGHT_DUMP` environment variable, else nowhere).
-    pub fn with_flight_dump(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.flight_dump = Some(path.into());
-        self
-    }
-
-    fn flight_depth(&self) -> Result<usize> {
-        if let Some(d) = self.flight_depth {
-            return Ok(d.max(1));
-        }
-        match std::env::var("WGPU_COLLECTIVES_FLIGHT_DEPTH") {
-            Ok(s) if !s.is_empty() => {
-                s.parse::<usize>()
-                    .ok()
-                    .filter(|&d| d > 0)
-                    .ok_or_else(|| Error::InvalidArgument {
-                        rank: None,
-                        what: format!(
-                            "WGPU_COLLECTIVES_FLIGHT_DEPTH={s:?}: expected a count above 0"
-                        ),
-                    })
-            }
-            _ => Ok(crate::runtime::flight::DEFAULT_DEPTH),
-        }
-    }
-
-    fn flight_dump(&self) -> Option<std::path::PathBuf> {
-        self.flight_dump.clone().or_else(|| {
-            std::env::var_os("WGPU_COLLECTIVES_FLIGHT_DUMP")
-                .filter(|s| !s.is_empty())
-                .map(Into::into)
-        })
-    }
-
-    /// Features the devices [`World::new`] makes must have (on top of
-    /// those the engine turns on where the adapter has them, for example
-    /// for a framework that will share the devices). An adapter without
-    /// them makes `World::new` fail, naming what is missing.
-    pub fn with_required_features(mut self, features: wgpu::Features) -> Self {
-        self.required_features = features;
-        self
-    }
-
-    /// Limits the devices [`World::new`] makes must meet. They get every
-    /// limit their adapter has; an adapter below these makes `World::new`
-    /// fail, naming each limit.
-    pub fn with_required_limits(mut self, limits: wgpu::Limits) -> Self {
-        self.required_limits = Some(limits);
-        self
-    }
-
-    /// Which wgpu backends to look for adapters on.
-    pub fn with_backends(mut self, backends: wgpu::Backends) -> Self {
-        self.backends = Some(backends);
-        self
-    }
-
-    /// Only use adapters whose name contains `name` (case-insensitive).
-    pub fn with_adapter_name(mut self, name: &str) -> Self {
-        self.adapter_name = Some(name.to_string());
-        self
-    }
-
-    /// How long any collective may wait for its peers or its device.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Forces an all-reduce algorithm, as `NCCL_ALGO` does (default: the
-    /// `WGPU_COLLECTIVES_ALGO` environment variable, else `Auto`).
-    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = Some(algorithm);
-        self
-    }
-
-    /// Forces the plan collectives run with, for every collective that
-    /// offers it (see [`Plan`]); the others run as the planner chooses.
-    /// `None` lets the planner choose for all (default: the
-    /// `WGPU_COLLECTIVES_PLAN` environment variable, unless
-    /// [`with_algorithm`](Self::with_algorithm) was called, else `None`). A plan
-    /// forced here wins over an [`Algorithm`]; one that cannot run (the
-    /// direct kernels between separate devices, say) makes the world, or
-    /// the call, fail with [`Error::InvalidArgument`] naming why, never a
-    /// silent fallback.
-    pub fn with_plan(mut self, plan: Option<Plan>) -> Self {
-        self.plan = Some(plan);
-        self
-    }
-
-    /// The fold orders its collectives may take (default: the
-    /// `WGPU_COLLECTIVES_FOLD_ORDER` environment variable, `canonical` or
-    /// `fastest`, else [`FoldOrder::Canonical`]). Under
-    /// [`FoldOrder::Fastest`] a world over processes whose ranks share one
-    /// device each may all-reduce floats in two levels
-    /// ([`Plan::TwoLevel`]): their bits then change with the process
-    /// layout (2 processes x 2 ranks against 1 x 4, say). Integer dtypes
-    /// take such plans whatever this says, since their folds do not depend
-    /// on the order. Every process of a world must ask for the same.
-    ///
-    /// ```
-    /// use wgpu_collectives::{FoldOrder, WorldConfig};
-    ///
-    /// let config = WorldConfig::new(2).with_fold_order(FoldOrder::Fastest);
-    /// # let _ = config;
-    /// ```
-    pub fn with_fold_order(mut self, order: FoldOrder) -> Self {
-        self.fold_order = Some(order);
-        self
-    }
-
-    /// The fold orders allowed: `with_fold_order`'s, else
-    /// `WGPU_COLLECTIVES_FOLD_ORDER`'s, else canonical.
-    pub(crate) fn fold_order(&self) -> Result<FoldOrder> {
-        if let Some(f) = self.fold_order {
-            return Ok(f);
-        }
-        match std::env::var("WGPU_COLLECTIVES_FOLD_ORDER") {
-            Ok(s) if !s.trim().is_empty() => {
-                FoldOrder::parse(&s).ok_or_else(|| Error::InvalidArgument {
-                    rank: None,
-                    what: format!(
-                        "WGPU_COLLECTIVES_FOLD_ORDER={s:?}: expected canonical or fastest"
-                    ),
-                })
-            }
-            _ => Ok(FoldOrder::Canonical),
-        }
-    }
-
-    /// Whether the world times its plans on its devices when it is made,
-    /// and the planner chooses from what it measured (see [`Tune`];
-    /// default: the `WGPU_COLLECTIVES_TUNE` environment variable, `off`,
-    /// `cached` or `measure`, else [`Tune::Cached`]). A forced plan or
-    /// algorithm tunes nothing.
-    pub fn with_tune(mut self, tune: Tune) -> Self {
-        self.tune = Some(tune);
-        self
-    }
-
-    /// The folder tuning tables are cached in (default: the
-    /// `WGPU_COLLECTIVES_TUNE_CACHE` environment variable, else
-    /// `$XDG_CACHE_HOME/wgpu-collectives`, else
-    /// `$HOME/.cache/wgpu-collectives`).
-    pub fn with_tune_cache(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.tune_cache = Some(dir.into());
-        self
-    }
-
-    /// The tuning table the planner chooses from, as `wgpu-collectives
-    /// tune` prints it or a cache file holds it (comments included),
-    /// whatever machine its key names: to reproduce another machine's
-    /// choices, or to test what the planner does with given figures. The
-    /// world measures nothing, reads and writes no cache, and the table
-    /// never heals. Text that is not a table makes [`World::new`] fail
-    /// with [`Error::InvalidArgument`] naming the line.
-    ///
-    /// ```
-    /// # use wgpu_collectives::*;
-    /// # fn main() -> Result<(), Error> {
-    /// let table = "# my laptop's
-    /// wgpu-collectives tuning 3
-    /// key anything
-    /// host-fold other-bits
-    /// kernel-units 1
-    /// all_reduce device-ring 4096:1e-4 1048576:2e-3
-    /// all_reduce one-shot 4096:5e-5 1048576:9e-3
-    /// end
-    /// ";
-    /// let world = World::new(
-    ///     WorldConfig::new(2)
-    ///         .with_placement(Placement::DevicePerRank)
-    ///         .with_tune_table(table),
-    /// )?;
-    /// let plans = world.run(|c| -> Result<_, Error> {
-    ///     let x = c.tensor(&[1.0f32; 1024])?;
-    ///     let _ = c.all_reduce(&x, ReduceOp::Sum)?.wait()?;
-    ///     Ok(c.flight_record().ranks[c.rank()].last().and_then(|e| e.plan))
-    /// })?;
-    /// assert_eq!(plans[0].clone()?, Some(Plan::OneShot));
-    /// # Ok(()) }
-    /// ```
-    pub fn with_tune_table(mut self, text: impl Into<String>) -> Self {
-        self.tune_table = Some(text.into());
-        self
-    }
-
-    pub(crate) fn tune_table(&self) -> Option<&str> {
-        self.tune_table.as_deref()
-    }
-
-    /// Whether a tuned world corrects its table as it runs: when its
-    /// collectives take longer than the table predicted, or a rival plan
-    /// is predicted within the noise, the calls themselves time the
-    /// contenders, every rank switches at the same collective, and the
-    /// cache is rewritten (default: the `WGPU_COLLECTIVES_HEAL`
-    /// environment variable, `on` or `off`, else on). A table given by
-    /// [`with_tune_table`](Self::with_tune_table) never heals; nor does a
-    /// group `split` makes. Over MPI, process 0 decides for every process
-    /// (whose settings must agree).
-    pub fn with_healing(mut self, heal: bool) -> Self {
-        self.heal = Some(heal);
-        self
-    }
-
-    pub(crate) fn heals(&self) -> Result<bool> {
-        if let Some(h) = self.heal {
-            return Ok(h);
-        }
-        match std::env::var("WGPU_COLLECTIVES_HEAL") {
-            Ok(s) if !s.trim().is_empty() => match s.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "yes" => Ok(true),
-                "off" | "0" | "no" => Ok(false),
-                _ => Err(Error::InvalidArgument {
-                    rank: None,
-                    what: format!("WGPU_COLLECTIVES_HEAL={s:?}: on or off"),
-                }),
-            },
-            _ => Ok(true),
-        }
-    }
-
-    /// The largest share (0 to 1) of the machine's CPU time that other
-    /// processes may use while a world times its plans: a table timed on
-    /// a busier machine decides nothing and is not cached (the planner's
-    /// rules decide, and the next world times again), since a core held
-    /// by a build or a training job made the plans tie that are 1.6-4.8x
-    /// apart on a quiet machine. 1 times whatever the load, for a machine
-    /// that is never quiet (default: the `WGPU_COLLECTIVES_TUNE_BUSY`
-    /// environment variable, in percent, else 10%).
-    pub fn with_busy_limit(mut self, share: f64) -> Self {
-        self.busy = Some(share);
-        self
-    }
-
-    pub(crate) fn busy_limit(&self) -> Result<f64> {
-        if let Some(b) = self.busy.filter(|b| (0.0..=1.0).contains(b)) {
-            return Ok(b);
-        }
-        if let Some(b) = self.busy {
-            return Err(Error::InvalidArgument {
-                rank: None,
-                what: format!("WorldConfig::with_busy_limit({b}): a share from 0 to 1"),
-            });
-        }
-        match std::env::var("WGPU_COLLECTIVES_TUNE_BUSY") {
-            Ok(s) if !s.trim().is_empty() => s
-                .trim()
-                .trim_end_matches('%')
-                .parse::<f64>()
-                .ok()
-                .filter(|p| (0.0..=100.0).contains(p))
-                .map(|p| p / 100.0)
-                .ok_or_else(|| Error::InvalidArgument {
-                    rank: None,
-                    what: format!("WGPU_COLLECTIVES_TUNE_BUSY={s:?}: a percentage from 0 to 100"),
-                }),
-            _ => Ok(crate::api::tune::load::BUSY),
-        }
-    }
-
-    /// The sizes (bytes per rank) the world's collectives will mostly
-    /// move, from `lo` to `hi`: where timing finds each placement faster
-    /// at some of them, a tuning `Auto` placement keeps the one faster
-    /// over these (default: 1 MiB to 64 MiB).
-    pub fn with_expected_bytes(mut self, lo: usize, hi: usize) -> Self {
-        self.expected = Some((lo.min(hi), hi.max(lo)));
-        self
-    }
-
-    pub(crate) fn expected_bytes(&self) -> (usize, usize) {
-        self.expected.unwrap_or((1 << 20, 64 << 20))
-    }
-
-    pub(crate) fn tune(&self) -> Result<Tune> {
-        if let Some(t) = self.tune {
-            return Ok(t);
-        }
-        match std::env::var("WGPU_COLLECTIVES_TUNE") {
-            Ok(s) if !s.trim().is_empty() => {
-                Tune::parse(&s).ok_or_else(|| Error::InvalidArgument {
-                    rank: None,
-                    what: format!("WGPU_COLLECTIVES_TUNE={s:?}: off, cached or measure"),
-                })
-            }
-            _ => Ok(Tune::default()),
-        }
-    }
-
-    pub(crate) fn tune_cache(&self) -> Option<PathBuf> {
-        self.tune_cache
-            .clone()
-            .or_else(|| {
-                std::env::var_os("WGPU_COLLECTIVES_TUNE_CACHE")
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            })
-            .or_else(cache::default_dir)
-    }
-
-    /// Number of ranks.
-    pub fn ranks(&self) -> usize {
-        self.ranks
-    }
-
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    pub(crate) fn wants(&self) -> Result<Wants> {
-        Ok(Wants {
-            features: self.required_features,
-            limits: self.required_limits.clone(),
-            import: match self.host_link()? {
-                HostLink::Auto => Import::IfAble,
-                HostLink::Mapped => Import::Required,
-                HostLink::Staging => Import::Never,
-            },
-        })
-    }
-
-    pub(crate) fn algorithm(&self) -> Result<Algorithm> {
-        if let Some(a) = self.algorithm {
-            return Ok(a);
-        }
-        match std::env::var("WGPU_COLLECTIVES_ALGO") {
-            Ok(s) if !s.is_empty() => Algorithm::parse(&s).ok_or_else(|| Error::InvalidArgument {
-                rank: None,
-                what: format!("WGPU_COLLECTIVES_ALGO={s:?}: expected ring, oneshot or auto"),
-            }),
-            _ => Ok(Algorithm::Auto),
-        }
-    }
-
-    /// The forced plan: `with_plan`'s, else `WGPU_COLLECTIVES_PLAN`'s
-    /// unless the code chose an algorithm (what code sets wins over the
-    /// environment).
-    pub(crate) fn plan(&self) -> Result<Option<Plan>> {
-        if let Some(p) = self.plan {
-            return Ok(p);
-        }
-        if self.algorithm.is_some() {
-            return Ok(None);
-        }
-        match std::env::var("WGPU_COLLECTIVES_PLAN") {
-            Ok(s) if !s.is_empty() && s.trim() != "auto" => {
-                Plan::parse(&s)
-                    .map(Some)
-                    .ok_or_else(|| Error::InvalidArgument {
-                        rank: None,
-                        what: format!(
-                            "WGPU_COLLECTIVES_PLAN={s:?}: expected auto, {}",
-                            Plan::ALL.map(Plan::name).join(", ")
-                        ),
-                    })
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// What the planner decides from, with the figures measured on `first`.
-    pub(crate) fn tuning(&self, first: &RankDevice) -> Result<Tuning> {
-        Ok(Tuning {
-            algorithm: self.algorithm()?,
-            plan: self.plan()?,
-            cost: CostModel::measure(first)?,
-            rates: Rates::measure(first)?,
-            host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
-            units: 0,
-            table: None,
-            heal: None,
-            prefer: None,
-            fold: self.fold_order()?,
-            tier: None,
-        })
-    }
-
-    pub(crate) fn backends(&self) -> wgpu::Backends {
-        self.backends
-            .or_else(wgpu::Backends::from_env)
-            .unwrap_or(wgpu::Backends::PRIMARY)
-    }
-
-    pub(crate) fn adapter_name(&self) -> Option<String> {
-        self.adapter_name
-            .clone()
-            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
-            .filter(|s| !s.is_empty())
-    }
-}
 
 /// A group of simulated ranks.
 pub struct World {
@@ -634,11 +132,11 @@ impl World {
     pub fn new(config: WorldConfig) -> Result<World> {
         check(&config)?;
         let (instance, adapters) = find_adapters(&config)?;
-        let devices = devices_on(&adapters, 0..config.ranks, config.placement()?, &config)?;
+        let devices = devices_on(&adapters, 0..config.ranks(), config.placement()?, &config)?;
         // Ranks that share an adapter, under a tuning Auto placement: both
         // placements are timed, and the faster kept.
         let (devices, config, measured) =
-            crate::api::tune::placement_for(&config, &adapters, devices)?;
+            crate::api::tune::placement_for(&config, &adapters, devices, &World::bench)?;
         Self::assemble_tuned(Some(instance), devices, &config, measured)
     }
 
@@ -676,13 +174,13 @@ impl World {
         config: WorldConfig,
     ) -> Result<World> {
         check(&config)?;
-        if devices.len() != config.ranks {
+        if devices.len() != config.ranks() {
             return Err(Error::InvalidArgument {
                 rank: None,
                 what: format!(
                     "from_devices got {} devices for a world of {} ranks",
                     devices.len(),
-                    config.ranks
+                    config.ranks()
                 ),
             });
         }
@@ -707,7 +205,7 @@ impl World {
         measured: Option<crate::api::tune::Measured>,
     ) -> Result<World> {
         // Ranks that share their device meet at a place their links carry.
-        let n = config.ranks;
+        let n = config.ranks();
         let meets = Self::shares(config, &devices, n)?;
         let first = devices.first().ok_or_else(|| Error::InvalidArgument {
             rank: None,
@@ -719,7 +217,8 @@ impl World {
             Some(m) => m,
             None => {
                 let tuning = config.tuning(first)?;
-                let tuned = crate::api::tune::table_for(config, &devices, meets, &tuning)?;
+                let tuned =
+                    crate::api::tune::table_for(config, &devices, meets, &tuning, &World::bench)?;
                 (tuning, tuned)
             }
         };
@@ -817,6 +316,20 @@ impl World {
             (_, None) => Ok(Some(HostLink::Mapped)),
             (_, Some(_)) => Ok(Some(HostLink::Staging)),
         }
+    }
+
+    /// A world timing makes to time a plan (see `tune/timing.rs`'s
+    /// `Benches`; what it runs is `api/timed.rs`'s).
+    pub(crate) fn bench(
+        devices: Vec<Arc<RankDevice>>,
+        links: Vec<Arc<Link>>,
+        config: &WorldConfig,
+        ranks: (usize, usize),
+        tuning: Tuning,
+    ) -> Result<Box<dyn Bench>> {
+        Ok(Box::new(World::assemble_with(
+            None, devices, links, config, ranks, tuning,
+        )?))
     }
 
     pub(crate) fn assemble_with(
@@ -929,7 +442,7 @@ impl World {
                         splits: splits.clone(),
                     },
                     health.clone(),
-                    config.timeout,
+                    config.timeout(),
                     tuning.clone(),
                 )
             })
@@ -1224,8 +737,10 @@ mod tests {
     //! the same bits as over the in-process one.
     use super::*;
     use crate::ReduceOp;
+    use crate::device::{Import, Wants};
     use crate::runtime::hop::Packet;
     use crate::transport::{Lane, Transport};
+    use std::time::Duration;
 
     /// The in-process links, as a backend without loans: every hop's bytes
     /// travel in the packet.
@@ -1280,7 +795,7 @@ mod tests {
             import: Import::IfAble,
         };
         let devices = (0..n)
-            .map(|r| RankDevice::new(r, &adapters[r % adapters.len()], config.timeout, &wants))
+            .map(|r| RankDevice::new(r, &adapters[r % adapters.len()], config.timeout(), &wants))
             .collect::<Result<Vec<_>>>()
             .expect("devices");
         // A device per rank: no meeting.

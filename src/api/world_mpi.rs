@@ -20,9 +20,9 @@ use crossbeam::channel::RecvTimeoutError;
 
 use crate::algo::direct::Steps;
 use crate::api::bootstrap::{check, devices_on, find_adapters};
-use crate::api::placement::Placement;
-use crate::api::tune::{self, Over, Tune, Tuned};
-use crate::api::world::{MAX_RANKS, World, WorldConfig};
+use crate::api::config::{MAX_RANKS, Placement, Tune, WorldConfig};
+use crate::api::tune::{self, Over, Tuned};
+use crate::api::world::World;
 use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
@@ -681,6 +681,7 @@ fn tuned_over(
                 links: &links,
                 agree: &agree,
                 gather: &gather,
+                benches: &World::bench,
             };
             let timed = tune::measure_over(config, devices, false, tuning, &tune::KINDS, &over)?;
             // Every process knows the load (it was agreed); process 0's

@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::api::world::WorldConfig;
+use crate::api::config::WorldConfig;
 use crate::device::RankDevice;
 use crate::runtime::tune::Table;
 
@@ -154,20 +154,6 @@ pub(crate) fn write(path: &Path, text: &str, what: &str) -> bool {
             false
         }
     }
-}
-
-/// The default cache folder: `$XDG_CACHE_HOME/wgpu-collectives`, else
-/// `$HOME/.cache/wgpu-collectives`.
-pub(crate) fn default_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })?;
-    Some(base.join("wgpu-collectives"))
 }
 
 /// Seconds since 1970, now.

@@ -15,11 +15,6 @@
 //! times again. Over MPI the processes of a world on one host are not one
 //! another's load: each host's share is what its processes did not use.
 
-/// The largest share of the machine's CPU time (all cores) other
-/// processes may use while the plans are timed. One busy core of two is
-/// a half; a quiet machine of this project's kind shows under 1%.
-pub(crate) const BUSY: f64 = 0.1;
-
 /// CPU time counted since boot, in clock ticks: every CPU's busy and
 /// total time, and this process's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::api::world::WorldConfig;
+use crate::api::config::{Tune, WorldConfig};
 use crate::device::RankDevice;
 use crate::error::{Error, Result};
 use crate::runtime::cost::Algorithm;
@@ -37,46 +37,6 @@ pub(crate) use placement::{Measured, placement_for};
 pub(crate) use timing::KINDS;
 #[cfg(feature = "mpi")]
 pub(crate) use timing::{Over, measure_over};
-
-/// Whether a world times its plans (`WGPU_COLLECTIVES_TUNE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Tune {
-    /// The planner's rules and cost model decide, as they were tuned on
-    /// one lavapipe machine: for a world whose choices must not depend on
-    /// timing (tests of the rules, reproducing a run elsewhere). Nothing
-    /// heals.
-    Off,
-    /// The cached table when there is one for this machine and world,
-    /// else measure and cache (the default); the table heals as the
-    /// world runs.
-    #[default]
-    Cached,
-    /// Measure, and cache what was measured; the table heals as the
-    /// world runs.
-    Measure,
-}
-
-impl Tune {
-    /// `off`, `cached` or `measure`.
-    pub fn parse(s: &str) -> Option<Tune> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" => Some(Tune::Off),
-            "cached" => Some(Tune::Cached),
-            "measure" => Some(Tune::Measure),
-            _ => None,
-        }
-    }
-
-    /// The name `parse` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tune::Off => "off",
-            Tune::Cached => "cached",
-            Tune::Measure => "measure",
-        }
-    }
-}
 
 /// A world's tuning: the table, its text (as the cache holds it), the
 /// key it is kept under and the cache file it was read from or written
@@ -117,6 +77,7 @@ pub(crate) fn table_for(
     devices: &[Arc<RankDevice>],
     meets: bool,
     tuning: &Tuning,
+    benches: timing::Benches<'_>,
 ) -> Result<Option<Tuned>> {
     let mode = config.tune()?;
     // A given table is read, and junk refused, whether or not this world
@@ -153,7 +114,7 @@ pub(crate) fn table_for(
     };
     let start = Instant::now();
     let tuning = &agreed(first, n, tuning)?;
-    let timed = timing::measure(config, devices, meets, tuning, &KINDS)?;
+    let timed = timing::measure(config, devices, meets, tuning, &KINDS, benches)?;
     keep(config, key, meets, &timed, tuning, start).map(Some)
 }
 

@@ -14,12 +14,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::bootstrap::devices_on;
-use crate::api::placement::Placement;
+use crate::api::config::{Placement, Tune, WorldConfig};
+use crate::api::tune::timing::Benches;
 use crate::api::tune::{
-    Tune, Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, refused, table_for,
-    timing,
+    Tuned, agreed, cache, given, given_host_fold, keep, one_at_a_time, refused, table_for, timing,
 };
-use crate::api::world::WorldConfig;
 use crate::device::RankDevice;
 use crate::error::Result;
 use crate::runtime::cost::Algorithm;
@@ -103,6 +102,7 @@ pub(crate) fn placement_for(
     config: &WorldConfig,
     adapters: &[wgpu::Adapter],
     devices: Vec<Arc<RankDevice>>,
+    benches: Benches<'_>,
 ) -> Result<(Vec<Arc<RankDevice>>, WorldConfig, Option<Measured>)> {
     let n = devices.len();
     let unchanged = (devices.clone(), config.clone(), None);
@@ -158,16 +158,16 @@ pub(crate) fn placement_for(
                 let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
                 (apart, apart_cfg)
             };
-            let tuned = table_for(&cfg, &devices, shared, &tuning)?;
+            let tuned = table_for(&cfg, &devices, shared, &tuning, benches)?;
             return Ok((devices, cfg, Some((tuning, tuned))));
         }
     }
     let start = Instant::now();
     let tuning = agreed(&first, n, &tuning)?;
     let ar = [Kind::AllReduce];
-    let on_shared = timing::measure(&shared_cfg, &devices, true, &tuning, &ar)?;
+    let on_shared = timing::measure(&shared_cfg, &devices, true, &tuning, &ar, benches)?;
     let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
-    let on_apart = timing::measure(&apart_cfg, &apart, false, &tuning, &ar)?;
+    let on_apart = timing::measure(&apart_cfg, &apart, false, &tuning, &ar, benches)?;
     let others = on_shared.others.max(on_apart.others);
     let limit = config.busy_limit()?;
     if others > limit {
@@ -201,7 +201,7 @@ pub(crate) fn placement_for(
         (apart, apart_cfg, on_apart)
     };
     let others = series.others;
-    let more = timing::measure(&cfg, &devices, shared, &tuning, &rest)?;
+    let more = timing::measure(&cfg, &devices, shared, &tuning, &rest, benches)?;
     series.series.extend(more.series);
     series.others = others.max(more.others);
     let key = cache::key(&devices, n, shared, "one process");

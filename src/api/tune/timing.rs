@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::api::config::WorldConfig;
 use crate::api::tune::load;
-use crate::api::world::{World, WorldConfig};
 use crate::device::RankDevice;
 use crate::device::tensor::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::op::ReduceOp;
 use crate::runtime::collectives::Collective;
 use crate::runtime::collectives::all_gather::AllGather;
@@ -57,6 +57,28 @@ const BUDGET: std::time::Duration = std::time::Duration::from_millis(1300);
 /// The least timeout the timing worlds' calls wait with.
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// A world with one plan forced, over the devices and links timing gives
+/// it, that runs the calls timing asks for. The world's constructor makes
+/// them (`World` is one: `api/timed.rs`), so that timing, which a world
+/// runs while it is made, knows nothing of `World`.
+pub(crate) trait Bench {
+    /// The seconds of each of `ask.calls` calls of `ask.kind` of
+    /// `ask.bytes` per rank (each call's slowest rank), when it runs with
+    /// `ask.plan`; `None` when it runs another or cannot run this size.
+    fn time(&self, ask: &Ask) -> Result<Option<Vec<f64>>>;
+}
+
+/// Makes the bench a plan is timed on: over `devices` and `links`, with
+/// `config`, this process's ranks (the first, and how many in all), and
+/// the tuning with the plan forced.
+pub(crate) type Benches<'a> = &'a dyn Fn(
+    Vec<Arc<RankDevice>>,
+    Vec<Arc<crate::runtime::hop::Link>>,
+    &WorldConfig,
+    (usize, usize),
+    Tuning,
+) -> Result<Box<dyn Bench>>;
+
 /// Where the plans are timed: the world's ranks (the first here, and how
 /// many in all), the links of the world timing plan number `i`, the
 /// agreement of every process on figures (each the largest any process
@@ -67,6 +89,7 @@ pub(crate) struct Over<'a> {
     pub links: &'a dyn Fn(usize) -> Result<Vec<Arc<crate::runtime::hop::Link>>>,
     pub agree: &'a dyn Fn(&[f64]) -> Result<Vec<f64>>,
     pub gather: &'a dyn Fn(&[u64]) -> Result<Vec<u64>>,
+    pub benches: Benches<'a>,
 }
 
 /// What timing found: each plan's series, and the largest share of a
@@ -86,6 +109,7 @@ pub(crate) fn measure(
     meets: bool,
     tuning: &Tuning,
     kinds: &[Kind],
+    benches: Benches<'_>,
 ) -> Result<Measurement> {
     let n = devices.len();
     let here = Over {
@@ -93,6 +117,7 @@ pub(crate) fn measure(
         links: &|_| Ok(mesh(n, meets.then_some(shared::place as MakePlace))),
         agree: &|v| Ok(v.to_vec()),
         gather: &|v| Ok(v.to_vec()),
+        benches,
     };
     measure_over(config, devices, meets, tuning, kinds, &here)
 }
@@ -111,12 +136,14 @@ pub(crate) fn measure_over(
     let before = load::now();
     // What every process measured, agreed; a plan that did not run there
     // (infinitely slow) did not run.
-    let agreed = |w: &World, ask: &Ask| -> Result<Option<Vec<f64>>> {
-        let mine = time(w, ask)?.unwrap_or_else(|| vec![f64::INFINITY; ask.calls]);
+    let agreed = |w: &dyn Bench, ask: &Ask| -> Result<Option<Vec<f64>>> {
+        let mine = w
+            .time(ask)?
+            .unwrap_or_else(|| vec![f64::INFINITY; ask.calls]);
         let all = (over.agree)(&mine)?;
         Ok(all.iter().all(|s| s.is_finite()).then_some(all))
     };
-    let mut worlds: Vec<(Plan, World)> = Vec::new();
+    let mut worlds: Vec<(Plan, Box<dyn Bench>)> = Vec::new();
     let mut contenders: Vec<(Kind, Plan)> = Vec::new();
     for (i, plan) in Plan::ALL.into_iter().enumerate() {
         if (plan == Plan::Direct && !meets)
@@ -152,7 +179,7 @@ pub(crate) fn measure_over(
         let patience = config.timeout().max(PATIENCE);
         let mut config = config.clone().with_plan(Some(plan)).with_timeout(patience);
         config.quiet = true;
-        let w = World::assemble_with(None, devices.to_vec(), links, &config, over.ranks, forced)?;
+        let w = (over.benches)(devices.to_vec(), links, &config, over.ranks, forced)?;
         // Every kind once first: its kernels compile on first use, which
         // would count as part of its smallest size's time. A kind that
         // runs another plan here is not timed under this one.
@@ -164,7 +191,7 @@ pub(crate) fn measure_over(
                 calls: 1,
                 warm: false,
             };
-            if agreed(&w, &warm)?.is_some() {
+            if agreed(&*w, &warm)?.is_some() {
                 contenders.push((kind, plan));
             }
         }
@@ -177,7 +204,7 @@ pub(crate) fn measure_over(
             let Some((_, w)) = worlds.iter().find(|(p, _)| *p == ask.plan) else {
                 return Ok(None);
             };
-            let got = agreed(w, ask)?;
+            let got = agreed(&**w, ask)?;
             if let Some(t) = &got {
                 tracing::debug!(
                     kind = ask.kind.name(),
@@ -204,55 +231,4 @@ pub(crate) fn measure_over(
         series,
         others: load::others(&windows),
     })
-}
-
-/// The seconds of each of `ask.calls` calls of `ask.kind` of `ask.bytes`
-/// per rank on `w` (each call's slowest rank), when it runs with
-/// `ask.plan`; `None` when it runs another (the kind does not offer it)
-/// or cannot run this size with it.
-fn time(w: &World, ask: &Ask) -> Result<Option<Vec<f64>>> {
-    let n = w.size();
-    let len = (ask.bytes / 4).max(1).next_multiple_of(n);
-    let per_rank = w.run(|c| -> Result<Option<Vec<f64>>> {
-        let x = c.zeros(DType::F32, len)?;
-        let once = || -> Result<()> {
-            let work = match ask.kind {
-                Kind::AllReduce => c.all_reduce_in_place(&x, ReduceOp::Sum)?,
-                Kind::ReduceScatter => c.reduce_scatter(&x, ReduceOp::Sum)?,
-                Kind::AllGather => c.all_gather(&x)?,
-                _ => c.broadcast_in_place(&x, 0)?,
-            };
-            work.wait().map(|_| ())
-        };
-        if ask.warm {
-            once()?;
-        }
-        let _ = c.barrier()?.wait()?;
-        let mut times = Vec::with_capacity(ask.calls);
-        for _ in 0..ask.calls {
-            let t = Instant::now();
-            once()?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        let ran = c
-            .flight_record()
-            .ranks
-            .get(c.rank())
-            .and_then(|r| r.iter().rev().find(|e| e.collective == ask.kind.name()))
-            .and_then(|e| e.plan);
-        Ok((ran == Some(ask.plan)).then_some(times))
-    })?;
-    let mut slowest = vec![0.0f64; ask.calls];
-    for r in per_rank {
-        match r {
-            Ok(Some(times)) => {
-                for (s, t) in slowest.iter_mut().zip(times) {
-                    *s = s.max(t);
-                }
-            }
-            Ok(None) | Err(Error::InvalidArgument { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Some(slowest))
 }

@@ -14,6 +14,7 @@
 
 pub(crate) mod hub;
 pub(crate) mod raw;
+pub(crate) mod wire;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

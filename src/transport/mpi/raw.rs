@@ -13,7 +13,7 @@ use mpi::point_to_point::Message;
 use mpi::raw::{AsRaw, AsRawMut};
 use mpi::topology::SimpleCommunicator;
 
-use super::hub::Outgoing;
+use super::wire::Outgoing;
 
 /// A non-blocking send in flight, holding its bytes until it completes.
 pub(crate) struct Sending {
