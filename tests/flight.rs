@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use wgpu_collectives::{Error, FlightState, ReduceOp, World, WorldConfig};
+use wgpu_collectives::{Error, FlightState, Placement, Plan, ReduceOp, World, WorldConfig};
 
 #[test]
 fn the_record_keeps_the_last_collectives_of_every_rank() {
@@ -73,13 +73,27 @@ fn the_default_depth_is_64_and_json_parses() {
 
 #[test]
 fn a_timeout_writes_the_record_where_asked() {
-    let dir = std::env::temp_dir().join(format!("wgpu-collectives-flight-{}", std::process::id()));
+    // Named, not left to the tuner: an `Auto` placement keeps whichever it
+    // measured faster, and what a rank waits on differs between the two.
+    for placement in [Placement::SharedDevice, Placement::DevicePerRank] {
+        a_timeout_writes_the_record_on(placement);
+    }
+}
+
+fn a_timeout_writes_the_record_on(placement: Placement) {
+    let dir = std::env::temp_dir().join(format!(
+        "wgpu-collectives-flight-{}-{}",
+        std::process::id(),
+        placement.name()
+    ));
     std::fs::create_dir_all(&dir).expect("a temp dir");
     let path = dir.join("dump");
     let file = dir.join("dump.ranks-0-2.json");
     let _ = std::fs::remove_file(&file);
     let w = World::new(
         WorldConfig::new(3)
+            .with_placement(placement)
+            .with_plan(Some(Plan::OneShot))
             .with_timeout(Duration::from_secs(1))
             .with_flight_dump(&path),
     )
@@ -97,7 +111,11 @@ fn a_timeout_writes_the_record_where_asked() {
             c.all_reduce(&x, ReduceOp::Sum)?.wait().map(|_| ())
         })
         .expect("the run");
-    assert!(matches!(r[0], Err(Error::Timeout { .. })), "{:?}", r[0]);
+    assert!(
+        matches!(r[0], Err(Error::Timeout { .. })),
+        "{placement:?}: {:?}",
+        r[0]
+    );
     let json = std::fs::read_to_string(&file).expect("the dump file");
     let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     let states = |r: usize| -> Vec<(u64, String)> {
@@ -116,9 +134,16 @@ fn a_timeout_writes_the_record_where_asked() {
     // Ranks 0 and 1 were in #1; rank 2 never issued it.
     assert_eq!(states(0).last().map(|e| e.0), Some(1), "{json}");
     assert_eq!(states(2), vec![(0, "completed".to_string())], "{json}");
-    // The dump says what failed, as the error did.
+    // The dump says what failed, as the error did: rank 2, the one that
+    // never came. On a shared device the meeting waits for it to join; on
+    // devices of their own, one-shot's handshake or its data (whichever
+    // rank's deadline passed first).
     let error = v["failure"]["error"].as_str().expect("the failure's error");
     assert!(error.starts_with("timeout on rank"), "{json}");
-    assert!(error.contains("2 to join"), "{json}");
+    let waited_for_2 = match placement {
+        Placement::SharedDevice => error.contains("ranks 2 to join on the shared device"),
+        _ => error.contains("rank 2 to join #1") || error.contains("rank 2 to send 32 bytes of #1"),
+    };
+    assert!(waited_for_2, "{placement:?}: {json}");
     let _ = std::fs::remove_dir_all(&dir);
 }
