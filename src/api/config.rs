@@ -19,7 +19,7 @@ use crate::runtime::planner::Tuning;
 /// Most ranks a world may have.
 pub const MAX_RANKS: usize = 64;
 
-/// How to build a [`World`].
+/// How to build a [`World`](crate::World).
 #[derive(Debug, Clone)]
 pub struct WorldConfig {
     ranks: usize,
@@ -158,7 +158,7 @@ impl WorldConfig {
         })
     }
 
-    /// Features the devices [`World::new`] makes must have (on top of
+    /// Features the devices [`World::new`](crate::World::new) makes must have (on top of
     /// those the engine turns on where the adapter has them, for example
     /// for a framework that will share the devices). An adapter without
     /// them makes `World::new` fail, naming what is missing.
@@ -167,7 +167,7 @@ impl WorldConfig {
         self
     }
 
-    /// Limits the devices [`World::new`] makes must meet. They get every
+    /// Limits the devices [`World::new`](crate::World::new) makes must meet. They get every
     /// limit their adapter has; an adapter below these makes `World::new`
     /// fail, naming each limit.
     pub fn with_required_limits(mut self, limits: wgpu::Limits) -> Self {
@@ -278,7 +278,7 @@ impl WorldConfig {
     /// whatever machine its key names: to reproduce another machine's
     /// choices, or to test what the planner does with given figures. The
     /// world measures nothing, reads and writes no cache, and the table
-    /// never heals. Text that is not a table makes [`World::new`] fail
+    /// never heals. Text that is not a table makes [`World::new`](crate::World::new) fail
     /// with [`Error::InvalidArgument`] naming the line.
     ///
     /// ```

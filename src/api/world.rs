@@ -116,7 +116,7 @@ impl World {
     /// (`$XDG_CACHE_HOME/wgpu-collectives`, else
     /// `~/.cache/wgpu-collectives`); the next reads it in milliseconds.
     /// [`WorldConfig::with_tune_cache`] (or `WGPU_COLLECTIVES_TUNE_CACHE`)
-    /// moves the folder, [`WorldConfig::with_tune`] with [`Tune::Off`]
+    /// moves the folder, [`WorldConfig::with_tune`] with [`Tune::Off`](crate::Tune::Off)
     /// (or `WGPU_COLLECTIVES_TUNE=off`) turns the timing off, and
     /// [`WorldConfig::with_tune_table`] gives a table instead.
     ///
