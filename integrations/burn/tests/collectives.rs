@@ -37,6 +37,7 @@ fn world() -> Idle {
 /// queue's thread: a submission still running when the test binary
 /// exits races LLVM's teardown, and the process crashed after every test
 /// had passed (5 runs of 6 on a 2-core machine, whichever revision).
+/// Burn's own work on the same devices is waited for as well.
 struct Idle(MutexGuard<'static, BurnWorld>);
 
 impl std::ops::Deref for Idle {
@@ -49,10 +50,19 @@ impl std::ops::Deref for Idle {
 
 impl Drop for Idle {
     fn drop(&mut self) {
+        // Both streams onto each device: the engine's submissions, and
+        // burn's own (its collectives and kernels, which cubecl may still
+        // be compiling or submitting when the test returns; the guard
+        // that waited for the engine's alone still saw a crash at exit,
+        // once in CI after all 12 tests had passed).
         let idle = self.0.world().run(|c| c.synchronize());
+        let burns: Vec<_> = self.0.devices().iter().map(|d| d.sync()).collect();
         if !std::thread::panicking() {
             for r in idle.expect("a run that waits for the devices") {
                 r.expect("a device idle again");
+            }
+            for r in burns {
+                r.expect("burn's work on a device done");
             }
         }
     }
