@@ -38,6 +38,10 @@ pub struct WorldConfig {
     tune: Option<Tune>,
     tune_cache: Option<PathBuf>,
     tune_table: Option<String>,
+    /// Tests only: a given table heals as a measured one does, so that
+    /// healing runs on figures the test chose.
+    #[cfg(test)]
+    pub(crate) given_heals: bool,
     heal: Option<bool>,
     busy: Option<f64>,
     expected: Option<(usize, usize)>,
@@ -75,6 +79,8 @@ impl WorldConfig {
             tune: None,
             tune_cache: None,
             tune_table: None,
+            #[cfg(test)]
+            given_heals: false,
             heal: None,
             busy: None,
             expected: None,

@@ -91,6 +91,13 @@ impl Work {
         Ok(self.state.take_outputs())
     }
 
+    /// Waits for the call and returns the plan it ran, as `plan` names it.
+    #[cfg(test)]
+    pub(crate) fn wait_plan(self) -> Result<Option<Plan>> {
+        self.finish(None)?;
+        Ok(self.plan())
+    }
+
     /// Waits for a split and returns its table of every rank's (color, key).
     pub(crate) fn wait_split(self) -> Result<SplitTable> {
         self.finish(None)?;

@@ -397,9 +397,9 @@ impl World {
                 rank: None,
                 what: format!(
                     "the plan direct was forced (WorldConfig::with_plan or \
-                     WGPU_COLLECTIVES_PLAN=direct), but the {n} ranks do not share one device \
-                     (placement {}): its kernels read every rank's buffers on one device",
-                    placement.name()
+                     WGPU_COLLECTIVES_PLAN=direct) with placement {}, but {}",
+                    placement.name(),
+                    crate::runtime::planner::apart(n)
                 ),
             });
         }
@@ -724,6 +724,9 @@ fn transport_name(placement: Placement, link: Option<HostLink>) -> &'static str 
         _ => "in-process channels, host staging",
     }
 }
+
+#[cfg(test)]
+mod decisions;
 
 #[cfg(test)]
 #[allow(

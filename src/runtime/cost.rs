@@ -13,11 +13,14 @@ use crate::device::RankDevice;
 use crate::device::tensor::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
+use crate::runtime::plan::Plan;
 
 /// Which all-reduce algorithm runs: the coarse choice, as `NCCL_ALGO`
-/// names one. [`Plan`](crate::Plan) is the finer one (which ring, which device); a
-/// forced plan wins over a forced algorithm. More may come, so matches
-/// need a wildcard arm.
+/// names one. Each names a set of [`Plan`](crate::Plan)s (the finer
+/// choice: which ring, which device), among which the planner chooses as
+/// it would among all; where none of them can run (the direct kernels
+/// between devices of their own), it chooses among all. A forced plan is
+/// the set of one. More may come, so matches need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -46,6 +49,17 @@ impl Algorithm {
             "oneshot" | "one-shot" | "one_shot" => Some(Algorithm::OneShot),
             "direct" => Some(Algorithm::Direct),
             _ => None,
+        }
+    }
+
+    /// Whether `plan` is one of the all-reduce plans this algorithm names
+    /// (`Auto` names them all).
+    pub(crate) fn admits(self, plan: Plan) -> bool {
+        match self {
+            Algorithm::Auto => true,
+            Algorithm::Ring => matches!(plan, Plan::DeviceRing | Plan::HostRing),
+            Algorithm::OneShot => plan == Plan::OneShot,
+            Algorithm::Direct => plan == Plan::Direct,
         }
     }
 
@@ -270,6 +284,47 @@ impl CostModel {
             }
         }
         lo
+    }
+}
+
+impl CostModel {
+    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
+    /// `plan`, with `rates` for what the hop figures do not cover; `None`
+    /// for a plan all-reduce does not offer. Every plan's price is here.
+    pub(crate) fn price(
+        &self,
+        rates: &Rates,
+        plan: Plan,
+        n: usize,
+        bytes: usize,
+    ) -> Option<Duration> {
+        match plan {
+            Plan::DeviceRing => Some(self.ring_all_reduce(n, bytes)),
+            Plan::OneShot => Some(self.one_shot_all_reduce(n, bytes)),
+            Plan::HostRing => {
+                if n < 2 {
+                    return Some(Duration::ZERO);
+                }
+                // Down and up once, then the ring's 2(n-1) steps of S/n
+                // and n-1 folds of S/n, all in host memory.
+                let s = bytes as f64;
+                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
+                Some(seconds(
+                    self.alpha.as_secs_f64() + s / self.beta + steps / rates.host,
+                ))
+            }
+            Plan::Direct => {
+                // One submission: a kernel per part reads n inputs and
+                // writes n outputs on the device.
+                let moved = 2.0 * n as f64 * bytes as f64;
+                Some(seconds(
+                    self.alpha.as_secs_f64()
+                        + n as f64 * self.dispatch.as_secs_f64()
+                        + moved / (2.0 * rates.device),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 

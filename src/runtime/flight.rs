@@ -59,6 +59,8 @@ struct Entry {
     fp: Fingerprint,
     state: State,
     plan: Option<Plan>,
+    /// How many times the planner decided this call's plan (once).
+    decisions: u32,
     since: Instant,
     issued_at: SystemTime,
     changed_at: SystemTime,
@@ -263,20 +265,37 @@ impl Flight {
             fp,
             state,
             plan: None,
+            decisions: 0,
             since: now,
             issued_at: wall,
             changed_at: wall,
         });
     }
 
-    /// Records the plan `rank`'s collective `fp` runs with.
-    pub(crate) fn planned(&self, rank: usize, fp: &Fingerprint, plan: Plan) {
+    /// Records that the planner decided the plan of `rank`'s collective
+    /// `fp`: `plan`, or a refusal.
+    pub(crate) fn decided(&self, rank: usize, fp: &Fingerprint, plan: Option<Plan>) {
         let Some(ring) = self.ranks.get(rank) else {
             return;
         };
         if let Some(e) = lock(ring).iter_mut().rev().find(|e| e.fp.key() == fp.key()) {
-            e.plan = Some(plan);
+            e.plan = plan;
+            e.decisions = e.decisions.saturating_add(1);
         }
+    }
+
+    /// Each of `rank`'s recorded collectives (not sends or receives), in
+    /// issue order: its fingerprint, state, plan and how many times the
+    /// planner decided it.
+    #[cfg(test)]
+    pub(crate) fn decisions(&self, rank: usize) -> Vec<(String, State, Option<Plan>, u32)> {
+        self.ranks.get(rank).map_or_else(Vec::new, |ring| {
+            lock(ring)
+                .iter()
+                .filter(|e| !e.fp.kind.point_to_point())
+                .map(|e| (e.fp.to_string(), e.state, e.plan, e.decisions))
+                .collect()
+        })
     }
 
     /// What `rank` was running as the call `fp` stands for (its

@@ -1,18 +1,27 @@
-//! The one function that chooses how a collective runs.
+//! The one place a call's plan is chosen, once per call.
 //!
-//! [`choose`] picks a [`Plan`] from what every rank of the group knows
-//! alike (the tuning that rank 0 measured and broadcast, the placement,
-//! the collective's fingerprint), so every rank picks the same plan
-//! without a word. A plan forced by the user always wins over the rules,
-//! and one that cannot run here is refused with the reason, never
+//! [`decide`] picks a [`Plan`] from a small description of the call
+//! ([`Call`]: the collective, its ranks, where they lie) and what every
+//! rank of the group knows alike (the [`Tuning`] that rank 0 measured and
+//! broadcast, with healing's table and exploration for this call), so
+//! every rank picks the same plan without a word. It is asked once per
+//! call: by each rank before it meets its peers where the ranks lie
+//! apart, by the group's meeting where they share a device. The layers,
+//! as NCCL's tuner sits behind `getCollInfo`: a forced plan wins; else
+//! healing's exploration and the table's fastest; else the rules
+//! (`Tune::Off`). What can run here is decided in one function
+//! (`can_run`); a plan that cannot is refused with the reason, never
 //! silently replaced.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dtype::DType;
 use crate::runtime::collectives::Collective;
-use crate::runtime::cost::{Algorithm, CostModel, Rates, seconds};
+use crate::runtime::cost::{Algorithm, CostModel, Rates};
+use crate::runtime::fingerprint::Fingerprint;
+use crate::runtime::flight::Flight;
 use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
 use crate::runtime::plan::Plan;
@@ -53,6 +62,11 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
+    /// Whether the user forced a plan `what` offers.
+    pub(crate) fn forces(&self, what: &Collective) -> bool {
+        self.plan.is_some_and(|p| what.plans().contains(&p))
+    }
+
     /// The figures every rank must decide from, as words (processes agree
     /// on rank 0's: see `with_figures`).
     #[cfg(feature = "mpi")]
@@ -81,39 +95,6 @@ impl Tuning {
                 units: *units,
                 ..self
             }),
-            _ => None,
-        }
-    }
-
-    /// The estimated time of an all-reduce of `bytes` on `n` ranks under
-    /// `plan`; `None` for a plan all-reduce does not offer.
-    pub(crate) fn price(&self, plan: Plan, n: usize, bytes: usize) -> Option<Duration> {
-        let c = &self.cost;
-        match plan {
-            Plan::DeviceRing => Some(c.ring_all_reduce(n, bytes)),
-            Plan::OneShot => Some(c.one_shot_all_reduce(n, bytes)),
-            Plan::HostRing => {
-                if n < 2 {
-                    return Some(Duration::ZERO);
-                }
-                // Down and up once, then the ring's 2(n-1) steps of S/n
-                // and n-1 folds of S/n, all in host memory.
-                let s = bytes as f64;
-                let steps = 3.0 * n.saturating_sub(1) as f64 * s / n as f64;
-                Some(seconds(
-                    c.alpha.as_secs_f64() + s / c.beta + steps / self.rates.host,
-                ))
-            }
-            Plan::Direct => {
-                // One submission: a kernel per part reads n inputs and
-                // writes n outputs on the device.
-                let moved = 2.0 * n as f64 * bytes as f64;
-                Some(seconds(
-                    c.alpha.as_secs_f64()
-                        + n as f64 * c.dispatch.as_secs_f64()
-                        + moved / (2.0 * self.rates.device),
-                ))
-            }
             _ => None,
         }
     }
@@ -219,123 +200,191 @@ fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), Unfit> 
     Ok(())
 }
 
-/// Whether the direct kernels can run a collective here: `None` when the
-/// ranks do not share a device, else `Ok` or why they cannot.
-pub(crate) type DirectVerdict = Option<Result<(), String>>;
+/// Where a call's ranks lie, as far as the planner needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Lies {
+    /// On devices of their own (or a pair's hop): no kernel reads another
+    /// rank's buffers.
+    Apart,
+    /// On one device, or a single rank: whether the direct kernels can
+    /// run the call, or why not (decided once for the group, from every
+    /// rank's tensors, at its meeting).
+    Shared(Result<(), String>),
+}
 
-/// Why the forced plan cannot run `what` on `n` ranks, where that is
-/// known before the ranks meet (`shares`: whether they share one device).
-/// It is decided from what every rank holds alike, so each rank refuses
-/// the call itself, before it looks for a peer's failure: every rank
-/// reports `InvalidArgument`, none a peer's refusal as `PeerFailed`
-/// (which of those a rank saw was a race).
-pub(crate) fn refused(
-    tuning: &Tuning,
-    what: &Collective,
-    n: usize,
-    shares: bool,
-) -> Option<String> {
-    let forced = tuning.plan.filter(|p| what.plans().contains(p))?;
-    match forced {
-        Plan::TwoLevel => two_level(tuning, what, n).err().map(|why| {
-            format!(
-                "the plan two-level was forced, but it cannot run {}: {why}",
-                what.kind().name()
-            )
-        }),
-        Plan::Direct if !shares => Some(format!(
-            "the plan direct was forced, but the {n} ranks do not share one device: its \
-             kernels read every rank's buffers, so they need the ranks on one device \
-             (Placement::SharedDevice)"
-        )),
-        _ => None,
+/// A call as the planner sees it: what it is, over how many ranks, and
+/// where they lie. Every field is the same on every rank of the group.
+pub(crate) struct Call<'a> {
+    pub what: &'a Collective,
+    pub n: usize,
+    pub lies: Lies,
+}
+
+/// Whom a decision is for: the ranks of the group (in `flight`, their
+/// record) whose call `fp` it decides. Each rank's entry counts the
+/// decisions taken for its call, so that a second one would show.
+pub(crate) struct For<'a> {
+    pub flight: &'a Flight,
+    pub fp: &'a Fingerprint,
+    pub ranks: Range<usize>,
+}
+
+/// Why a plan cannot run a call here: told only when a forced plan is
+/// refused, so that deciding allocates nothing.
+enum Cannot {
+    /// The two-level plan, and why.
+    TwoLevel(Unfit),
+    /// The direct kernels between ranks that do not share a device.
+    Apart { n: usize },
+    /// The direct kernels on the shared device, and why not.
+    Kernels(String),
+}
+
+impl std::fmt::Display for Cannot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cannot::TwoLevel(why) => write!(f, "{why}"),
+            Cannot::Apart { n } => write!(f, "{}", apart(*n)),
+            Cannot::Kernels(why) => write!(f, "{why}"),
+        }
     }
 }
 
-/// The plan `what` runs with on `n` ranks, or why the forced plan cannot
-/// run. `direct` says whether the shared device's kernels can run it.
-/// Every input is the same on every rank of the group (the tuning is
-/// rank 0's, the direct verdict is decided once for the group), so every
-/// rank chooses alike.
-pub(crate) fn choose(
-    tuning: &Tuning,
-    what: &Collective,
-    n: usize,
-    direct: &DirectVerdict,
-) -> Result<Plan, String> {
+/// Why the direct kernels cannot run between `n` ranks on devices of
+/// their own (the world refuses such a forced plan with these words).
+pub(crate) fn apart(n: usize) -> String {
+    format!(
+        "the {n} ranks do not share one device: its kernels read every rank's buffers, so \
+         they need the ranks on one device (Placement::SharedDevice)"
+    )
+}
+
+/// Whether `plan` can run `call` here, or why not: the one place that
+/// says so, for a forced plan and for the planner's own choice alike.
+fn can_run(tuning: &Tuning, call: &Call<'_>, plan: Plan) -> Result<(), Cannot> {
+    match (plan, &call.lies) {
+        (Plan::TwoLevel, _) => two_level(tuning, call.what, call.n).map_err(Cannot::TwoLevel),
+        (Plan::Direct, Lies::Apart) => Err(Cannot::Apart { n: call.n }),
+        (Plan::Direct, Lies::Shared(Err(why))) => Err(Cannot::Kernels(why.clone())),
+        _ => Ok(()),
+    }
+}
+
+/// The plan `call` runs with, or why the forced plan cannot run: the one
+/// decision taken for a call (by each rank alone where the ranks lie
+/// apart, by the group's meeting where they share a device), recorded
+/// for the ranks `whom` it decides for. Every input is the same on every
+/// rank of the group (the tuning is rank 0's, the direct verdict is
+/// decided once for the group), so every rank chooses alike.
+pub(crate) fn decide(tuning: &Tuning, call: &Call<'_>, whom: For<'_>) -> Result<Plan, String> {
+    let plan = choose(tuning, call);
+    for r in whom.ranks {
+        whom.flight.decided(r, whom.fp, plan.as_ref().ok().copied());
+    }
+    plan
+}
+
+/// What `decide` decides, recorded nowhere: a forced plan where it can
+/// run; else the fastest plan the table timed among those that can run
+/// here (healing's exploration first); else the rules.
+fn choose(tuning: &Tuning, call: &Call<'_>) -> Result<Plan, String> {
+    let what = call.what;
     let kind = what.kind();
     let offers = what.plans();
     if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
-        if let Some(why) = refused(tuning, what, n, direct.is_some()) {
-            return Err(why);
-        }
-        return match (forced, direct) {
-            (Plan::Direct, Some(Err(why))) => Err(format!(
-                "the plan direct was forced, but its kernels cannot run {}: {why}",
+        return match can_run(tuning, call, forced) {
+            Ok(()) => Ok(forced),
+            Err(Cannot::Apart { n }) => {
+                Err(format!("the plan direct was forced, but {}", apart(n)))
+            }
+            Err(why) => Err(format!(
+                "the plan {} was forced, but {} cannot run {}: {why}",
+                forced.name(),
+                if forced == Plan::Direct {
+                    "its kernels"
+                } else {
+                    "it"
+                },
                 kind.name()
             )),
-            (p, _) => Ok(p),
         };
     }
-    // The ring the planner would run where the ranks have devices of their own.
-    let ring = if tuning.host_fold && direct.is_none() {
-        Plan::HostRing
-    } else {
-        Plan::DeviceRing
-    };
-    let direct_ok = matches!(direct, Some(Ok(())));
+    let runs = |p: Plan| offers.contains(&p) && can_run(tuning, call, p).is_ok();
+    // The algorithm names a set of all-reduce's plans; where none of them
+    // can run here (the direct kernels between devices of their own), it
+    // names none and the planner chooses as for `Auto`.
+    let priced = what.unit().priced();
+    let named = |p: Plan| priced.is_some() && tuning.algorithm.admits(p);
+    let any_named = offers.iter().any(|&p| named(p) && runs(p));
+    let may = |p: Plan| runs(p) && (!any_named || named(p));
     // Measured: the plan timed fastest at this size, among those that
-    // can run here.
-    if let (Some(table), Algorithm::Auto) = (&tuning.table, tuning.algorithm) {
-        if let Some(bytes) = bytes_of(what) {
-            // The host ring only where the host folds this adapter's bits.
-            // The one-shot holds n contributions at once: not past 4x the
-            // largest size it was timed at (an H200 timed it fastest at
-            // 16 MiB, and the line through that chose it at 1 GiB, where
-            // its 2 GiB of room was more than the device would give).
-            let allowed = |p: Plan| {
-                offers.contains(&p)
-                    && (p != Plan::Direct || direct_ok)
-                    && (p != Plan::TwoLevel || two_level(tuning, what, n).is_ok())
-                    && (p != Plan::HostRing || tuning.host_fold)
-                    && (p != Plan::OneShot
-                        || table
-                            .largest(kind, p)
-                            .is_some_and(|b| bytes as f64 <= 4.0 * b))
-            };
-            if let Some(p) = tuning.prefer.filter(|&p| allowed(p)) {
-                return Ok(p);
-            }
-            if let Some(p) = table.choose(kind, bytes, allowed) {
-                return Ok(p);
-            }
+    // may run here.
+    if let (Some(table), Some(bytes)) = (&tuning.table, bytes_of(what)) {
+        // The host ring only where the host folds this adapter's bits.
+        // The one-shot holds n contributions at once: not past 4x the
+        // largest size it was timed at (an H200 timed it fastest at
+        // 16 MiB, and the line through that chose it at 1 GiB, where its
+        // 2 GiB of room was more than the device would give).
+        let allowed = |p: Plan| {
+            may(p)
+                && (p != Plan::HostRing || tuning.host_fold)
+                && (p != Plan::OneShot
+                    || table
+                        .largest(kind, p)
+                        .is_some_and(|b| bytes as f64 <= 4.0 * b))
+        };
+        if let Some(p) = tuning.prefer.filter(|&p| allowed(p)) {
+            return Ok(p);
+        }
+        if let Some(p) = table.choose(kind, bytes, allowed) {
+            return Ok(p);
         }
     }
-    // A collective whose plans the cost model prices: today's all-reduce.
-    if let Some(bytes) = what.unit().priced() {
-        match tuning.algorithm {
-            Algorithm::Ring => return Ok(ring),
-            Algorithm::OneShot => return Ok(Plan::OneShot),
-            _ => {}
-        }
-        if direct_ok {
-            return Ok(Plan::Direct);
-        }
-        let price = |p| tuning.price(p, n, bytes).unwrap_or(Duration::MAX);
+    // The rules: the direct kernels where they run; for a collective the
+    // cost model prices (all-reduce), the cheaper of the one-shot and the
+    // ring the ranks would run (on the host where the ranks lie apart and
+    // the host folds), the ring on ties.
+    if may(Plan::Direct) {
+        return Ok(Plan::Direct);
+    }
+    if let Some(bytes) = priced {
+        let ring = if tuning.host_fold && call.lies == Lies::Apart && may(Plan::HostRing) {
+            Plan::HostRing
+        } else {
+            Plan::DeviceRing
+        };
+        let price = |p: Plan| {
+            if may(p) {
+                tuning
+                    .cost
+                    .price(&tuning.rates, p, call.n, bytes)
+                    .unwrap_or(Duration::MAX)
+            } else {
+                Duration::MAX
+            }
+        };
         return Ok(if price(Plan::OneShot) < price(ring) {
             Plan::OneShot
         } else {
             ring
         });
     }
-    if matches!(direct, Some(Ok(()))) {
-        return Ok(Plan::Direct);
-    }
     Ok(offers
         .iter()
         .copied()
-        .find(|&p| p != Plan::Direct)
+        .find(|&p| p != Plan::Direct && may(p))
         .unwrap_or(Plan::PointToPoint))
+}
+
+/// `choose` for the unit tests of the planner's users.
+#[cfg(test)]
+pub(crate) fn choose_for_tests(
+    tuning: &Tuning,
+    what: &Collective,
+    n: usize,
+    lies: Lies,
+) -> Result<Plan, String> {
+    choose(tuning, &Call { what, n, lies })
 }
 
 #[cfg(test)]
@@ -383,34 +432,34 @@ mod tests {
         // Floats keep the canonical order's fastest plan unless the user
         // opted in; integers take the two-level plan either way.
         assert_eq!(
-            choose(&canonical, &all_reduce(DType::F32), 4, &None),
+            choose_for_tests(&canonical, &all_reduce(DType::F32), 4, Lies::Apart),
             Ok(Plan::HostRing)
         );
         assert_eq!(
-            choose(&canonical, &all_reduce(DType::BF16), 4, &None),
+            choose_for_tests(&canonical, &all_reduce(DType::BF16), 4, Lies::Apart),
             Ok(Plan::HostRing)
         );
         assert_eq!(
-            choose(&fastest, &all_reduce(DType::F32), 4, &None),
+            choose_for_tests(&fastest, &all_reduce(DType::F32), 4, Lies::Apart),
             Ok(Plan::TwoLevel)
         );
         assert_eq!(
-            choose(&canonical, &all_reduce(DType::I32), 4, &None),
+            choose_for_tests(&canonical, &all_reduce(DType::I32), 4, Lies::Apart),
             Ok(Plan::TwoLevel)
         );
         assert_eq!(
-            choose(&canonical, &all_reduce(DType::U32), 4, &None),
+            choose_for_tests(&canonical, &all_reduce(DType::U32), 4, Lies::Apart),
             Ok(Plan::TwoLevel)
         );
         // Without processes sharing a device each, or over a group that
         // is not the world's shape, never.
         let flat = tuning(FoldOrder::Fastest, false, None);
         assert_eq!(
-            choose(&flat, &all_reduce(DType::I32), 4, &None),
+            choose_for_tests(&flat, &all_reduce(DType::I32), 4, Lies::Apart),
             Ok(Plan::HostRing)
         );
         assert_eq!(
-            choose(&fastest, &all_reduce(DType::I32), 2, &None),
+            choose_for_tests(&fastest, &all_reduce(DType::I32), 2, Lies::Apart),
             Ok(Plan::HostRing)
         );
     }
@@ -418,17 +467,17 @@ mod tests {
     #[test]
     fn a_forced_two_level_plan_that_cannot_run_says_why() {
         let forced = tuning(FoldOrder::Canonical, true, Some(Plan::TwoLevel));
-        let why = choose(&forced, &all_reduce(DType::F32), 4, &None).unwrap_err();
+        let why = choose_for_tests(&forced, &all_reduce(DType::F32), 4, Lies::Apart).unwrap_err();
         assert!(why.contains("FoldOrder::Fastest"), "{why}");
         assert_eq!(
-            choose(&forced, &all_reduce(DType::I32), 4, &None),
+            choose_for_tests(&forced, &all_reduce(DType::I32), 4, Lies::Apart),
             Ok(Plan::TwoLevel)
         );
         let flat = tuning(FoldOrder::Fastest, false, Some(Plan::TwoLevel));
-        let why = choose(&flat, &all_reduce(DType::F32), 4, &None).unwrap_err();
+        let why = choose_for_tests(&flat, &all_reduce(DType::F32), 4, Lies::Apart).unwrap_err();
         assert!(why.contains("across processes"), "{why}");
         let odd = tuning(FoldOrder::Fastest, true, Some(Plan::TwoLevel));
-        let why = choose(&odd, &all_reduce(DType::F32), 6, &None).unwrap_err();
+        let why = choose_for_tests(&odd, &all_reduce(DType::F32), 6, Lies::Apart).unwrap_err();
         assert!(why.contains("2 processes x 2 ranks of 6"), "{why}");
     }
 }

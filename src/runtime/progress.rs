@@ -26,7 +26,7 @@ use crate::runtime::health::Health;
 use crate::runtime::hop;
 use crate::runtime::hop::{Link, Packet};
 use crate::runtime::plan::Plan;
-use crate::runtime::planner::{self, Tuning};
+use crate::runtime::planner::{self, Call, For, Lies, Tuning};
 use crate::runtime::prims::Prims;
 use crate::runtime::profile::Counters;
 use crate::runtime::shared;
@@ -297,20 +297,21 @@ impl Progress {
         for k in 0..s.order.len() {
             let i = s.order[k];
             let it = &items[i];
-            // A forced plan that cannot run is refused on every rank alike,
-            // before a peer's refusal could be found and reported instead.
-            if self.size > 1 && !it.fp.kind.point_to_point() {
-                let shares = self.group.is_some();
-                if let Some(why) = planner::refused(&self.tuning, &it.what, self.size, shares) {
-                    return Err(Error::invalid(self.rank, why));
-                }
-            }
+            // Where the ranks lie apart, a forced plan is decided before
+            // the rank looks for a peer's failure: one that cannot run is
+            // refused by every rank itself, none reporting a peer's
+            // refusal instead. (Where they meet, the meeting decides.)
+            let early = if !self.meets(it) && self.tuning.forces(&it.what) {
+                Some(self.decide(it)?)
+            } else {
+                None
+            };
             self.health.check(self.rank, &it.fp)?;
             self.health
                 .flight
                 .record(self.rank, it.fp, State::InProgress);
             tracing::debug!(rank = self.rank, seq = it.fp.seq, call = %it.fp, "started");
-            let r = self.execute(it, state, &outs[s.spans[i].clone()])?;
+            let r = self.execute(it, early, state, &outs[s.spans[i].clone()])?;
             self.health
                 .flight
                 .record(self.rank, it.fp, State::Completed);
@@ -332,7 +333,13 @@ impl Progress {
         clippy::arithmetic_side_effects,
         reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
     )]
-    fn execute(&mut self, op: &Item, state: &Arc<WorkState>, outs: &[Tensor]) -> Result<Ran> {
+    fn execute(
+        &mut self,
+        op: &Item,
+        early: Option<Plan>,
+        state: &Arc<WorkState>,
+        outs: &[Tensor],
+    ) -> Result<Ran> {
         let dev = self.dev.clone();
         let (n, r) = (self.size, self.rank);
         let waiter = Waiter {
@@ -372,7 +379,8 @@ impl Progress {
             self.tuning.prefer = d.prefer(op.fp.kind, bytes, op.fp.seq);
             watching = bytes.map(|b| (op.fp.kind, b, (run, op.fp.seq)));
         }
-        let met = if let (Some(group), true) = (&self.group, n > 1 && !p2p) {
+        let meets = self.meets(op);
+        let plan = if let (Some(group), true) = (&self.group, meets) {
             let profiling = self.counters.enabled();
             if profiling && dev.timestamps && self.stamps.is_none() {
                 self.stamps = Some(Timestamps::new(&dev)?);
@@ -401,19 +409,14 @@ impl Progress {
                     return Ok(Ran { last, table });
                 }
                 // Every rank was told the same: the host schedules run it.
-                shared::Outcome::Host(plan) => Some(plan),
+                shared::Outcome::Host(plan) => plan,
             }
         } else {
-            None
-        };
-        let plan = match met {
-            Some(plan) => plan,
-            None => {
+            match early {
+                Some(plan) => plan,
                 // Alone on its device (or a pair's hop): every rank of the
                 // group chooses alike from what they share.
-                let direct = (n == 1).then_some(Ok(()));
-                planner::choose(&self.tuning, &op.what, n, &direct)
-                    .map_err(|why| Error::invalid(r, why))?
+                None => self.decide(op)?,
             }
         };
         self.planned(state, op, plan);
@@ -421,8 +424,10 @@ impl Progress {
         // Agree on what runs before moving any data: a rank that issued
         // something else (or nothing) is caught here, on every rank, even
         // when one side would have sent no bytes at all. (A point-to-point
-        // call checks its one peer with its first packet.)
-        if n > 1 && !p2p {
+        // call checks its one peer with its first packet; a group that
+        // met checked every rank's call, and that no rank writes bytes
+        // another touches, at its meeting.)
+        if n > 1 && !p2p && !meets {
             handshake(&*self.endpoint, &waiter, n)?;
             // Ranks that share this device, each with its own progress,
             // agree that none writes bytes another touches.
@@ -516,8 +521,36 @@ impl Progress {
 }
 
 impl Progress {
-    /// Tells the op's `Work`, the flight record and the log which plan
-    /// runs `item` (a group's `Work` names its first call's).
+    /// Whether `item` is decided and run at its group's meeting: a
+    /// collective of ranks that all share this device.
+    fn meets(&self, item: &Item) -> bool {
+        self.group.is_some() && self.size > 1 && !item.fp.kind.point_to_point()
+    }
+
+    /// The call's one decision, where this rank decides its own plan
+    /// (alone on its device, or a pair's hop; see `planner::decide`).
+    fn decide(&self, item: &Item) -> Result<Plan> {
+        let n = self.size;
+        let call = Call {
+            what: &item.what,
+            n,
+            lies: if n == 1 {
+                Lies::Shared(Ok(()))
+            } else {
+                Lies::Apart
+            },
+        };
+        let whom = For {
+            flight: &self.health.flight,
+            fp: &item.fp,
+            ranks: self.rank..self.rank.saturating_add(1),
+        };
+        planner::decide(&self.tuning, &call, whom).map_err(|why| Error::invalid(self.rank, why))
+    }
+
+    /// Tells the op's `Work` and the log which plan runs `item` (a
+    /// group's `Work` names its first call's; the flight record heard it
+    /// from the decision).
     fn planned(&self, state: &WorkState, item: &Item, plan: Plan) {
         tracing::debug!(
             rank = self.rank,
@@ -526,7 +559,6 @@ impl Progress {
             "planned"
         );
         state.planned(plan);
-        self.health.flight.planned(self.rank, &item.fp, plan);
     }
 }
 

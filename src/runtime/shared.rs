@@ -25,7 +25,7 @@ use crate::runtime::collectives::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
-use crate::runtime::planner::{self, Tuning};
+use crate::runtime::planner::{self, Call, For, Lies, Tuning};
 use crate::runtime::profile::Counters;
 use crate::runtime::waiter::Waiter;
 use crate::transport::Place;
@@ -117,7 +117,18 @@ fn host(
             .map(|r| Err(Error::invalid(r, why.clone())))
             .collect();
     }
-    let plan = match planner::choose(tuning, &all[0].what, n, &Some(feasible(w.dev, &all))) {
+    // The call's one decision, for every rank of the group.
+    let call = Call {
+        what: &all[0].what,
+        n,
+        lies: Lies::Shared(feasible(w.dev, &all)),
+    };
+    let whom = For {
+        flight: &w.health.flight,
+        fp: &w.fp,
+        ranks: 0..n,
+    };
+    let plan = match planner::decide(tuning, &call, whom) {
         Ok(plan) => plan,
         Err(why) => {
             return (0..n)

@@ -953,7 +953,9 @@ mod tests {
                     .unwrap();
                 tuning.table = Some(d.table.clone());
                 tuning.prefer = d.prefer(Kind::AllReduce, Some(bytes), seq);
-                let plan = planner::choose(&tuning, &what, n, &Some(Ok(()))).unwrap();
+                let plan =
+                    planner::choose_for_tests(&tuning, &what, n, planner::Lies::Shared(Ok(())))
+                        .unwrap();
                 mine.push(plan);
                 if r == 0 {
                     let secs = took(plan, seq);
@@ -1103,7 +1105,13 @@ mod tests {
                 let (d, run) = heal
                     .at(r, seq, Duration::from_secs(1), &Alarm::default(), || Ok(()))
                     .unwrap();
-                let plan = planner::choose(&tuning(&d, seq), &what, 4, &Some(Ok(()))).unwrap();
+                let plan = planner::choose_for_tests(
+                    &tuning(&d, seq),
+                    &what,
+                    4,
+                    planner::Lies::Shared(Ok(())),
+                )
+                .unwrap();
                 mine.push(plan);
                 if r == 0 || r == 2 {
                     let tail = prev
@@ -1155,7 +1163,9 @@ mod tests {
         let (d, _) = p1
             .at(2, 299, Duration::from_secs(1), &Alarm::default(), || Ok(()))
             .unwrap();
-        let plan = planner::choose(&tuning(&d, 299), &what, 4, &Some(Ok(()))).unwrap();
+        let plan =
+            planner::choose_for_tests(&tuning(&d, 299), &what, 4, planner::Lies::Shared(Ok(())))
+                .unwrap();
         assert_eq!(plan, Plan::Direct);
     }
 
