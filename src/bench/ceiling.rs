@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::median;
 use wgpu_collectives::{Communicator, World};
 
 /// Figures in GB/s (the fence in microseconds).
@@ -27,11 +28,6 @@ pub struct Ceiling {
     /// The most busbw the machine allows, and why.
     pub busbw: f64,
     pub why: String,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Waits for `idx` as any wgpu user does. Without a timeout: wgpu-core

@@ -3,6 +3,7 @@
 //! ideal max(compute, comm).
 
 use super::ddp_train::{Mlp, RankRun, Schedule, StepStats, default_cost, refit, train_with};
+use super::median;
 use clap::{Parser, ValueEnum};
 use wgpu_collectives::WorldConfig;
 use wgpu_collectives::graph::calibrate::Calibration;
@@ -89,11 +90,6 @@ fn calibration(runs: &[RankRun], tuned: bool) {
     } else {
         line("", &run.samples);
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Rank-mean of one figure per step.

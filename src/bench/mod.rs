@@ -23,6 +23,12 @@ use wgpu_collectives::{
 
 use args::{Args, Collective};
 
+/// The median of `v` (the upper one of an even count); zero for none.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// The benchmark's world: over the processes of an MPI job when it runs
 /// under mpirun and was built with the `mpi` feature (`config`'s ranks in
 /// each process), else in this process.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::exec::{Lane, Run};
 use super::ir::{Graph, NodeId, Op};
 use super::passes::GraphCost;
+use crate::runtime::stats;
 use crate::{Communicator, ReduceOp, Result};
 
 /// What a sample measured.
@@ -85,9 +86,9 @@ pub fn samples(g: &Graph, run: &Run, cost: &GraphCost) -> Vec<Sample> {
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
+/// The median of `v` (see `runtime/stats.rs`).
+fn median(v: Vec<f64>) -> Option<f64> {
+    stats::summary(&v).map(|(m, _)| m)
 }
 
 impl Calibration {

@@ -14,6 +14,7 @@ use crate::device::tensor::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
 use crate::runtime::plan::Plan;
+use crate::runtime::stats::median_duration as median;
 
 /// Which all-reduce algorithm runs: the coarse choice, as `NCCL_ALGO`
 /// names one. Each names a set of [`Plan`](crate::Plan)s (the finer
@@ -140,11 +141,6 @@ pub struct CostModel {
     pub beta: f64,
     /// Fixed cost of one small reduction dispatch.
     pub dispatch: Duration,
-}
-
-pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 impl CostModel {

@@ -27,6 +27,7 @@
 
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::plan::Plan;
+use crate::runtime::stats::summary;
 use crate::runtime::tune::{Cost, Entry, Point};
 
 /// One plan's timings of one kind: at each size, its looks (each the
@@ -73,32 +74,6 @@ impl Series {
     fn points(&self) -> Vec<Point> {
         self.sizes.iter().filter_map(Timed::point).collect()
     }
-}
-
-/// The median and the spread (interquartile range over the median) of
-/// `xs`; `None` without a finite sample.
-pub(crate) fn summary(xs: &[f64]) -> Option<(f64, f64)> {
-    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let q = |p: f64| {
-        // Linear between the two nearest ranks.
-        let at = p * (v.len() as f64 - 1.0);
-        let lo = at.floor();
-        let i = lo as usize;
-        let a = v.get(i).copied().unwrap_or(0.0);
-        let b = v.get(i.saturating_add(1)).copied().unwrap_or(a);
-        a + (b - a) * (at - lo)
-    };
-    let med = q(0.5);
-    let spread = if med > 0.0 {
-        (q(0.75) - q(0.25)) / med
-    } else {
-        0.0
-    };
-    Some((med, spread))
 }
 
 /// A point whose spread is above this is not trusted: it is timed again,
@@ -547,19 +522,6 @@ mod tests {
             }
         }
         v
-    }
-
-    #[test]
-    fn quantiles_and_spread() {
-        assert_eq!(summary(&[]), None);
-        assert_eq!(summary(&[f64::NAN]), None);
-        assert_eq!(summary(&[2.0]), Some((2.0, 0.0)));
-        let (m, s) = summary(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
-        assert_eq!(m, 3.0);
-        assert!((s - 2.0 / 3.0).abs() < 1e-12);
-        // One 10x spike moves neither.
-        let (m, s) = summary(&[1.0, 1.0, 10.0, 1.0, 1.0]).unwrap();
-        assert_eq!((m, s), (1.0, 0.0));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::device::RankDevice;
 use crate::device::tensor::DType;
 use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::runtime::cost::median;
+use crate::runtime::stats::median_duration as median;
 
 /// The shapes timed.
 const SHAPES: [u64; 4] = [1, 4, 16, 64];

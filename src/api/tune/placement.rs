@@ -25,13 +25,11 @@ use crate::runtime::cost::Algorithm;
 use crate::runtime::estimate::{self, Series};
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::planner::Tuning;
+use crate::runtime::stats;
 use crate::runtime::tune::Point;
 
 /// What `placement_for` measured: rank 0's figures and the tuning table.
 pub(crate) type Measured = (Tuning, Option<Tuned>);
-
-/// The least noise two points are compared with.
-const NOISE: f64 = 0.05;
 
 /// The fastest plan's point at each size timed for `kind`.
 fn best_points(series: &[Series], kind: Kind) -> Vec<Point> {
@@ -65,7 +63,7 @@ fn loss(mine: &[Point], other: &[Point], top: usize) -> (f64, bool) {
         }
         let ratio = m.secs / o.secs;
         worst = worst.max(ratio);
-        if ratio > 1.0 + (m.spread + o.spread).max(NOISE) {
+        if stats::slower(m.secs, o.secs, m.spread + o.spread) {
             within = false;
         }
     }

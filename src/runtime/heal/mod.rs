@@ -33,6 +33,7 @@ pub(crate) mod span;
 
 use self::span::{self as heal_span, Decided, Note, Seen as SeenCall, Span};
 use crate::runtime::plan::Plan;
+use crate::runtime::stats;
 use crate::runtime::tune::{Point, Table};
 
 /// Collectives between two checkpoints.
@@ -48,8 +49,6 @@ const SLOW: f64 = 0.5;
 /// A plan slower than predicted is timed against the rivals predicted
 /// within this factor of what it takes.
 const REACH: f64 = 2.0;
-/// The least margin two predictions are told apart by.
-const NOISE: f64 = 0.05;
 /// Calls of each contender an exploration waits for.
 const EACH: usize = 4;
 /// Calls in a row that run one contender while exploring (the first
@@ -135,18 +134,9 @@ pub(crate) struct Healer {
     last: Option<Plan>,
 }
 
-/// The median of `v` and its spread (interquartile range over median).
-fn median(v: &mut [f64]) -> Option<(f64, f64)> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let q = |f: f64| {
-        let i = (f * (v.len().saturating_sub(1)) as f64).round() as usize;
-        v.get(i).copied().unwrap_or(0.0)
-    };
-    let m = q(0.5);
-    (m > 0.0).then(|| (m, (q(0.75) - q(0.25)) / m))
+/// The median of `v` and its spread, where the median is above zero.
+fn median(v: &[f64]) -> Option<(f64, f64)> {
+    stats::summary(v).filter(|(m, _)| *m > 0.0)
 }
 
 impl Healer {
@@ -261,8 +251,8 @@ impl Healer {
             };
             let predicted = mine.cost.at(s.bytes);
             let spread = mine.cost.spread_near(s.bytes);
-            let mut secs: Vec<f64> = recent.iter().map(|r| r.2).collect();
-            let Some((observed, observed_spread)) = median(&mut secs) else {
+            let secs: Vec<f64> = recent.iter().map(|r| r.2).collect();
+            let Some((observed, observed_spread)) = median(&secs) else {
                 continue;
             };
             // Plans the planner could run at this size: not far past the
@@ -290,7 +280,7 @@ impl Healer {
                 let base = predicted.min(observed);
                 others
                     .iter()
-                    .filter(|(_, q, qs)| *q <= base * (1.0 + NOISE.max(spread + qs)))
+                    .filter(|(_, q, qs)| !stats::slower(*q, base, spread + qs))
                     .map(|o| o.0)
                     .collect()
             };
@@ -364,12 +354,12 @@ impl Healer {
         let mut table = (*self.table).clone();
         let mut learned = Vec::new();
         for &p in &e.plans {
-            let mut v = runs(p);
+            let v = runs(p);
             if v.len() < 2 {
                 continue;
             }
             // The median, as the calls that follow are judged by.
-            if let Some((secs, spread)) = median(&mut v) {
+            if let Some((secs, spread)) = median(&v) {
                 let point = Point {
                     bytes: e.bytes as f64,
                     secs,
