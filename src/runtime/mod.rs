@@ -25,6 +25,7 @@ pub(crate) mod progress;
 pub(crate) mod same_bits;
 pub(crate) mod shared;
 pub(crate) mod split;
+pub(crate) mod stand_in;
 pub(crate) mod stats;
 pub(crate) mod tune;
 pub(crate) mod two_level;

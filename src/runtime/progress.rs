@@ -7,7 +7,6 @@
 //! each op's outcome to its `Work`; a failure is also recorded for the
 //! whole group, so that peers stop waiting at once.
 
-use std::borrow::Cow;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -30,6 +29,7 @@ use crate::runtime::planner::{self, Call, For, Lies, Tuning};
 use crate::runtime::prims::Prims;
 use crate::runtime::profile::Counters;
 use crate::runtime::shared;
+use crate::runtime::stand_in::StandIns;
 use crate::runtime::waiter::Waiter;
 use crate::runtime::work_state::WorkState;
 use crate::transport::{Body, Lane, Stager};
@@ -493,9 +493,9 @@ impl Progress {
         let writes = op.what.writes_output(r);
         let staged = if unit.any_view(plan) && op.inputs.iter().chain(outs).all(Tensor::whole_words)
         {
-            Staged::none(&op.inputs, outs)
+            StandIns::none(&op.inputs, outs)
         } else {
-            Staged::new(&mut p, &dev, &op.inputs, outs, writes)?
+            StandIns::new(&mut p, &op.inputs, outs, writes)?
         };
         let here = Here {
             dev: &dev,
@@ -507,7 +507,7 @@ impl Progress {
             tier: self.tuning.tier.as_deref(),
         };
         let table = unit.run(plan, &mut p, &here)?;
-        staged.copy_back(&mut p, &dev)?;
+        staged.copy_back(&mut p)?;
         let last = p.last.unwrap_or(first);
         let ran = Ran { last, table };
         if profiling {
@@ -559,98 +559,6 @@ impl Progress {
             "planned"
         );
         state.planned(plan);
-    }
-}
-
-/// A collective's tensors as its schedule sees them: views it can work on
-/// where they lie (see `Tensor::direct`) as they are, others through a
-/// pooled tensor, copied in before and back after.
-struct Staged<'a> {
-    /// The op's own tensors when none is staged (no copy of the lists).
-    ins: Cow<'a, [Tensor]>,
-    outs: Cow<'a, [Tensor]>,
-    /// (staged, the view it stands for) of every staged output.
-    back: Vec<(Tensor, Tensor)>,
-}
-
-impl<'a> Staged<'a> {
-    /// The op's own tensors, as they lie.
-    fn none(ins: &'a [Tensor], outs: &'a [Tensor]) -> Staged<'a> {
-        Staged {
-            ins: Cow::Borrowed(ins),
-            outs: Cow::Borrowed(outs),
-            back: Vec::new(),
-        }
-    }
-
-    /// `writes`: whether the call writes its outputs on this rank (a
-    /// gather's output is not touched off the root, so not staged).
-    fn new(
-        p: &mut Prims,
-        dev: &Arc<RankDevice>,
-        ins: &'a [Tensor],
-        outs: &'a [Tensor],
-        writes: bool,
-    ) -> Result<Staged<'a>> {
-        if ins.iter().chain(outs).all(Tensor::direct) {
-            return Ok(Staged::none(ins, outs));
-        }
-        let mut back = Vec::new();
-        let mut staged_outs = Vec::with_capacity(outs.len());
-        for o in outs {
-            if o.direct() || !writes {
-                staged_outs.push(o.clone());
-            } else {
-                let w = Tensor::output(dev, o.dtype(), o.len())?;
-                back.push((w.clone(), o.clone()));
-                staged_outs.push(w);
-            }
-        }
-        let mut staged_ins = Vec::with_capacity(ins.len());
-        for x in ins {
-            if x.direct() {
-                staged_ins.push(x.clone());
-                continue;
-            }
-            // In place: the input's stage is the output's.
-            let w = match back.iter().find(|(_, view)| view.same_view(x)) {
-                Some((w, _)) => w.clone(),
-                None => Tensor::output(dev, x.dtype(), x.len())?,
-            };
-            // Whole words: the buffer's size and the view's offset are
-            // multiples of 4 (checked when it was wrapped), so a last
-            // half-word rounds up within the buffer; it lands in the
-            // padding, which is never copied back.
-            let bytes = x.byte_len().next_multiple_of(4);
-            p.copy(x.buffer(), x.offset(), w.buffer(), 0, bytes)?;
-            staged_ins.push(w);
-        }
-        Ok(Staged {
-            ins: Cow::Owned(staged_ins),
-            outs: Cow::Owned(staged_outs),
-            back,
-        })
-    }
-
-    /// Copies each staged output into its view, touching no byte outside it.
-    fn copy_back(&self, p: &mut Prims, dev: &Arc<RankDevice>) -> Result<()> {
-        for (w, view) in &self.back {
-            let bytes = view.byte_len();
-            let whole = bytes & !3;
-            p.copy(w.buffer(), 0, view.buffer(), view.offset(), whole)?;
-            if bytes % 4 != 0 {
-                // A 16-bit view of odd length: its last element is the low
-                // half of a word whose high half is not ours.
-                let last = scratch(dev, 4)?;
-                let mut enc = p.encoder();
-                enc.copy_buffer_to_buffer(w.buffer(), whole, last.buffer(), 0, 4);
-                let at = view.offset().saturating_add(whole);
-                dev.kernels
-                    .patch_half(dev, &mut enc, view.buffer(), at, last.buffer())?;
-                p.submit_steps(enc)?;
-            }
-        }
-        Ok(())
     }
 }
 

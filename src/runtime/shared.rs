@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use crate::algo::direct::Steps;
-use crate::device::tensor::{DType, Tensor};
+use crate::device::tensor::Tensor;
 use crate::device::timestamps::Timestamps;
 use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
@@ -27,6 +27,7 @@ use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Call, For, Lies, Tuning};
 use crate::runtime::profile::Counters;
+use crate::runtime::stand_in::StandIns;
 use crate::runtime::waiter::Waiter;
 use crate::transport::Place;
 use crate::transport::shared::Meeting;
@@ -234,12 +235,6 @@ fn feasible(dev: &RankDevice, all: &[Arrival]) -> Result<(), String> {
     all[0].what.unit().direct_feasible(dev, &calls, &ins, &outs)
 }
 
-/// A view the device steps cannot bind where it lies, and its stand-in.
-struct Staged {
-    stand_in: Tensor,
-    view: Tensor,
-}
-
 /// Records every rank's steps for the collective in one encoder, submits
 /// it, and returns the submission (and split's table).
 fn record(
@@ -258,66 +253,25 @@ fn record(
         stamps: stamps.filter(|_| profiling),
     };
     // Views that do not start their buffer on whole units go through
-    // pooled tensors, copied in first and back last.
-    let mut back: Vec<Staged> = Vec::new();
-    let mut ins: Vec<Vec<Tensor>> = Vec::with_capacity(n);
-    let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
+    // pooled stand-ins, copied in first and back last.
+    let mut stood = Vec::with_capacity(n);
     for (r, a) in all.iter().enumerate() {
-        let writes = a.what.writes_output(r);
-        let mut rank_outs = Vec::with_capacity(a.outs.len());
-        for o in &a.outs {
-            // A gather's output off the root is not touched, so not staged.
-            if o.direct() || !writes {
-                rank_outs.push(o.clone());
-            } else {
-                let stand_in = Tensor::output(o.rank_device(), o.dtype(), o.len())?;
-                back.push(Staged {
-                    stand_in: stand_in.clone(),
-                    view: o.clone(),
-                });
-                rank_outs.push(stand_in);
-            }
-        }
-        let mut rank_ins = Vec::with_capacity(a.ins.len());
-        for x in &a.ins {
-            if x.direct() {
-                rank_ins.push(x.clone());
-                continue;
-            }
-            let stand_in = match back.iter().find(|s| s.view.same_view(x)) {
-                Some(s) => s.stand_in.clone(),
-                None => Tensor::output(x.rank_device(), x.dtype(), x.len())?,
-            };
-            // Whole words: see `Staged` in progress.rs.
-            let bytes = x.byte_len().next_multiple_of(4);
-            steps.copy(x.buffer(), x.offset(), stand_in.buffer(), 0, bytes);
-            rank_ins.push(stand_in);
-        }
-        ins.push(rank_ins);
-        outs.push(rank_outs);
+        stood.push(StandIns::new(
+            &mut steps,
+            &a.ins,
+            &a.outs,
+            a.what.writes_output(r),
+        )?);
     }
+    let ins: Vec<Vec<Tensor>> = stood.iter().map(|s| s.ins.to_vec()).collect();
+    let outs: Vec<Vec<Tensor>> = stood.iter().map(|s| s.outs.to_vec()).collect();
     let calls: Vec<&Collective> = all.iter().map(|a| &a.what).collect();
     let table = all[0]
         .what
         .unit()
         .direct_steps(&mut steps, &calls, &ins, &outs)?;
-    for s in &back {
-        let bytes = s.view.byte_len();
-        let whole = bytes & !3;
-        steps.copy(
-            s.stand_in.buffer(),
-            0,
-            s.view.buffer(),
-            s.view.offset(),
-            whole,
-        );
-        if bytes % 4 != 0 {
-            let last = Tensor::output(s.view.rank_device(), DType::U32, 4)?;
-            steps.copy(s.stand_in.buffer(), whole, last.buffer(), 0, 4);
-            let at = s.view.offset().saturating_add(whole);
-            dev.kernels
-                .patch_half(dev, &mut steps.enc, s.view.buffer(), at, last.buffer())?;
-        }
+    for s in &stood {
+        s.copy_back(&mut steps)?;
     }
     let ticket = dev.submit(steps.enc, Some(w.fp.seq))?;
     if let Some(ts) = steps.stamps {
