@@ -16,9 +16,9 @@
 //! `=levels` checks what `from_mpi_comm` and `from_mpi` say where MPI is
 //! not initialised, or initialised by the application (without
 //! `MPI_THREAD_MULTIPLE`); the application that uses MPI itself is
-//! `examples/mpi_app.rs`. `=junk-<case>` has process 1 send process 0 a
-//! forged message (see `junk`) and checks that process 0 refuses it.
-//! `=two-level` checks the two-level plan (see `two_levels`).
+//! `examples/mpi_app.rs`. `=two-level` checks the two-level plan (see
+//! `two_levels`). Junk on the wire is a library test
+//! (`api/world_mpi/junk.rs`): the forging is not public.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -680,79 +680,6 @@ fn thread_levels() -> ExitCode {
     }
 }
 
-/// Junk on the wire: process 1 sends process 0 what no engine sends (the
-/// forgery `case`, through the test-only `World::forge_wire`), then every
-/// rank runs an all_reduce. Process 0 must refuse process 1: both its
-/// ranks fail with `Error::Transport` naming process 1 and what was
-/// wrong, and every other rank fails too (none waits out its deadline
-/// without an error, none succeeds), and no process aborts.
-fn junk(case: &str) -> ExitCode {
-    let world = match World::from_mpi(WorldConfig::new(2).with_timeout(Duration::from_secs(20))) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("junk check FAILED: from_mpi: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let process = world.local_ranks().start / 2;
-    let said = match case {
-        "short-head" => "a message of 7 bytes with tag 17 where a frame's head",
-        "stray-tag" => "a message of 16 bytes with tag 57",
-        "kind" => "a head of an unknown kind (238)",
-        "long-body" => "that announces a body of",
-        "short-body" => "a body of 8 bytes after a head that announced 64",
-        "route" => "for rank 2 (in process 1) from rank 2 (in process 1)",
-        "flood" => "for routes not open here",
-        _ => {
-            eprintln!("junk check FAILED: no case {case:?}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if process == 1 {
-        if let Err(e) = world.forge_wire(0, case) {
-            eprintln!("junk check FAILED: forge_wire: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    let started = Instant::now();
-    let results = world.run(|c| {
-        c.tensor(&vec![1.0f32; 1000])
-            .and_then(|x| c.all_reduce(&x, ReduceOp::Sum))
-            .and_then(|w| w.wait())
-            .and_then(|t| t.to_vec::<f32>())
-    });
-    let took = started.elapsed();
-    let results = match results {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("junk check FAILED on process {process}: run: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut failed = false;
-    for (rank, r) in world.local_ranks().zip(results) {
-        let fine = match (&r, process) {
-            (Err(Error::Transport { what, .. }), 0) => {
-                what.contains("process 1 (ranks 2 to 3) sent what no engine sends")
-                    && what.contains(said)
-            }
-            (Err(_), 0) | (Ok(_), _) => false,
-            (Err(_), _) => true,
-        };
-        if !fine {
-            eprintln!("junk check FAILED ({case}): rank {rank} of process {process}: {r:?}");
-            failed = true;
-        }
-    }
-    if failed {
-        return ExitCode::FAILURE;
-    }
-    println!(
-        "junk check ({case}) passed on process {process}: every rank failed as it should, in {took:.1?}"
-    );
-    ExitCode::SUCCESS
-}
-
 /// The plan `c`'s last collective ran with.
 fn last_plan(c: &Communicator) -> Option<Plan> {
     c.flight_record().ranks[c.rank()]
@@ -965,9 +892,6 @@ fn main() -> ExitCode {
     }
     if mode == "two-level" {
         return two_levels();
-    }
-    if let Some(case) = mode.strip_prefix("junk-") {
-        return junk(case);
     }
     if let Some(case) = mode.strip_prefix("disagree") {
         // `disagree` (rank counts), `disagree-tune`, `disagree-given`,

@@ -22,9 +22,7 @@ use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::Tuning;
-use crate::runtime::shared;
 use crate::runtime::split::Splits;
-use crate::transport::MakePlace;
 use crate::transport::local::mesh;
 
 /// A group of simulated ranks.
@@ -225,8 +223,8 @@ impl World {
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
         if let Some(t) = &tuned {
             // Measured, not assumed from the adapter's type.
-            tuning.host_fold = t.table.host_fold;
-            tuning.units = t.table.units;
+            tuning.figures.host_fold = t.table.host_fold;
+            tuning.figures.units = t.table.units;
             if t.heals && n > 1 && !config.quiet && config.heals()? {
                 let (key, path) = (t.key.clone(), t.path.clone());
                 tuning.heal = Some(Arc::new(Heal::new(
@@ -239,7 +237,7 @@ impl World {
                 )));
             }
         }
-        let links = mesh(n, meets.then_some(shared::place as MakePlace));
+        let links = mesh(n, meets);
         let mut world = Self::assemble_with(instance, devices, links, config, (0, n), tuning)?;
         world.tuned = tuned;
         Ok(world)
@@ -341,10 +339,10 @@ impl World {
         tuning: Tuning,
     ) -> Result<World> {
         let (base, n) = ranks;
-        if tuning.units != 0 {
+        if tuning.figures.units != 0 {
             // The kernel shape timed on rank 0's device, on every device.
             for d in &devices {
-                d.kernels.set_units_per_invocation(tuning.units);
+                d.kernels.set_units_per_invocation(tuning.figures.units);
             }
         }
         if links.len() != devices.len() || base.saturating_add(devices.len()) > n {
@@ -366,16 +364,16 @@ impl World {
         if !config.quiet {
             tracing::info!(
                 ranks = n,
-                algorithm = ?tuning.algorithm,
-                fence_us = tuning.cost.alpha.as_secs_f64() * 1e6,
-                hop_gbps = tuning.cost.beta / 1e9,
-                dispatch_us = tuning.cost.dispatch.as_secs_f64() * 1e6,
+                algorithm = ?tuning.forced.algorithm,
+                fence_us = tuning.figures.cost.alpha.as_secs_f64() * 1e6,
+                hop_gbps = tuning.figures.cost.beta / 1e9,
+                dispatch_us = tuning.figures.cost.dispatch.as_secs_f64() * 1e6,
                 "world: cost model measured on rank 0's device"
             );
         }
         let shared = Self::shares(config, &devices, n)?;
         // The group meets where its links say: they carry the place.
-        let group = links.first().and_then(|l| shared::meeting_of(&**l));
+        let group = links.first().and_then(|l| l.meeting());
         if shared != group.is_some() {
             return Err(Error::device(
                 base,
@@ -392,7 +390,7 @@ impl World {
         } else {
             Placement::DevicePerRank
         };
-        if tuning.plan == Some(Plan::Direct) && !shared && n > 1 {
+        if tuning.forced.plan == Some(Plan::Direct) && !shared && n > 1 {
             return Err(Error::InvalidArgument {
                 rank: None,
                 what: format!(
@@ -531,14 +529,14 @@ impl World {
     /// The all-reduce algorithm in force: forced by `WorldConfig` or
     /// `WGPU_COLLECTIVES_ALGO`, else `Auto` (the cost model picks).
     pub fn algorithm(&self) -> Algorithm {
-        self.tuning.algorithm
+        self.tuning.forced.algorithm
     }
 
     /// The plan forced by `WorldConfig::with_plan` or
     /// `WGPU_COLLECTIVES_PLAN`, if any (else the planner chooses per call;
     /// [`Work::plan`](crate::Work::plan) says what it chose).
     pub fn plan(&self) -> Option<Plan> {
-        self.tuning.plan
+        self.tuning.forced.plan
     }
 
     /// The tuning table the planner chooses from, as its cache file holds
@@ -560,15 +558,18 @@ impl World {
     pub fn cost_model(&self) -> CostModel {
         self.tuned
             .as_ref()
-            .and_then(|t| t.table.all_reduce_model(self.size(), self.tuning.cost))
-            .unwrap_or(self.tuning.cost)
+            .and_then(|t| {
+                t.table
+                    .all_reduce_model(self.size(), self.tuning.figures.cost)
+            })
+            .unwrap_or(self.tuning.figures.cost)
     }
 
     /// The hop model measured on rank 0's adapter when the world was made
     /// (a fence round trip, a copy through the host): what the planner's
     /// rules price with when the world is not tuned.
     pub fn hop_cost_model(&self) -> CostModel {
-        self.tuning.cost
+        self.tuning.figures.cost
     }
 
     /// The adapter each rank of this process runs on, in rank order (every
@@ -769,7 +770,7 @@ mod tests {
         fn wake(&self) -> &Arc<crate::transport::Wake> {
             self.0.wake()
         }
-        fn meeting(&self) -> Option<crate::transport::Place> {
+        fn meeting(&self) -> Option<Arc<crate::runtime::shared::Group>> {
             self.0.meeting()
         }
         fn carries_loans(&self, _peer: usize) -> bool {
@@ -802,7 +803,7 @@ mod tests {
             .collect::<Result<Vec<_>>>()
             .expect("devices");
         // A device per rank: no meeting.
-        let links = mesh(n, None)
+        let links = mesh(n, false)
             .into_iter()
             .map(|l| {
                 if loans {

@@ -29,15 +29,18 @@ use crate::runtime::cost::Algorithm;
 use crate::runtime::fingerprint::Fingerprint;
 use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::heal::Heal;
-use crate::runtime::heal::span::Span;
+use crate::runtime::heal::span::{OverMpi, Span};
 use crate::runtime::health::Health;
 use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
+use crate::runtime::planner::Figures;
 use crate::runtime::tune::Table;
 use crate::runtime::two_level::Tier;
-use crate::transport::MakePlace;
 use crate::transport::mpi::hub::{Hub, Notice, Route, Start};
 use crate::transport::mpi::{Layout, ends, split_id};
+
+#[cfg(test)]
+mod junk;
 
 /// MPI is initialised once per process and finalised when the last world
 /// over it is dropped; it cannot be initialised again after that.
@@ -288,18 +291,21 @@ impl World {
         let mut measured = config.tuning(first)?;
         let tunes = (mode != Tune::Off || gift != 0)
             && total >= 2
-            && measured.plan.is_none()
-            && measured.algorithm == Algorithm::Auto;
+            && measured.forced.plan.is_none()
+            && measured.forced.algorithm == Algorithm::Auto;
         if tunes && gift == 0 {
             measured = tune::agreed(first, total, &measured)?;
         }
         let figures = hub
-            .all_gather(measured.figures(), config.timeout())
+            .all_gather(measured.figures.to_words(), config.timeout())
             .map_err(|what| Error::Transport {
                 process: Some(process),
                 what,
             })?;
-        let mut tuning = measured.clone().with_figures(&figures).unwrap_or(measured);
+        let mut tuning = measured;
+        if let Some(f) = Figures::from_words(&figures) {
+            tuning.figures = f;
+        }
 
         let process_of: Vec<usize> = (0..total)
             .map(|r| r.checked_div(local).unwrap_or(0))
@@ -311,7 +317,7 @@ impl World {
         let one_device = devices
             .first()
             .is_some_and(|first| devices.iter().all(|d| d.same_device(first)));
-        let splits_meet = one_device.then_some(crate::runtime::shared::place as MakePlace);
+        let splits_meet = one_device;
         // Two-level plans run where every process's ranks share one
         // device whose kernels can bind them all: agreed, as every
         // process must offer the planner the same plans.
@@ -329,7 +335,7 @@ impl World {
         let tier = |host_fold: bool| {
             tiered.then(|| Arc::new(Tier::new(base, local, processes, host_fold)))
         };
-        tuning.tier = tier(tuning.host_fold);
+        tuning.tier = tier(tuning.figures.host_fold);
         let place = Place {
             hub: &hub,
             number,
@@ -346,16 +352,16 @@ impl World {
         };
         tuning.table = tuned.as_ref().map(|t| t.table.clone());
         if let Some(t) = &tuned {
-            tuning.units = t.table.units;
+            tuning.figures.units = t.table.units;
             if !t.heals {
                 // A given table lets the host ring run only where it says
                 // the host folded its own machine's bits too.
-                tuning.host_fold &= t.table.host_fold;
+                tuning.figures.host_fold &= t.table.host_fold;
             }
         }
         // The exchange between processes folds on the host as the final
         // tuning says (a given table may have turned the host ring off).
-        tuning.tier = tier(tuning.host_fold);
+        tuning.tier = tier(tuning.figures.host_fold);
         let group = split_id(u64::MAX, number, u32::MAX);
         if let Some(t) = tuned.as_ref().filter(|t| t.heals) {
             // Every process decides alike whether it heals: the table, the
@@ -367,7 +373,7 @@ impl World {
         let layout = Layout {
             group,
             process_of: process_of.clone(),
-            meet: None,
+            meet: false,
             splits_meet,
         };
         let links: Vec<Arc<Link>> = ends::<Fingerprint>(&hub, layout)
@@ -398,33 +404,6 @@ impl World {
             base.saturating_add(local)
         );
         Ok(world)
-    }
-}
-
-impl World {
-    /// Sends process `process` what no engine sends, named by `what`
-    /// (`short-head`, `stray-tag`, `kind`, `long-body`, `short-body`,
-    /// `route`, `flood`), on this world's communicator: a test's injection
-    /// point for the checks that refuse such a process. Not for use
-    /// outside the crate's tests.
-    #[doc(hidden)]
-    pub fn forge_wire(&self, process: usize, what: &str) -> Result<()> {
-        let invalid = |what: String| Error::InvalidArgument { rank: None, what };
-        let hub = self
-            .hub
-            .as_ref()
-            .ok_or_else(|| invalid("forge_wire: not a world over MPI".into()))?;
-        if process >= hub.processes || process == hub.process {
-            return Err(invalid(format!(
-                "forge_wire: no other process {process} among {}",
-                hub.processes
-            )));
-        }
-        if hub.forge(process, self.group, self.local_ranks().len(), what) {
-            Ok(())
-        } else {
-            Err(invalid(format!("forge_wire: no forgery named {what:?}")))
-        }
     }
 }
 
@@ -468,7 +447,7 @@ fn pass_failures_on(
                 match rx.recv_timeout(Duration::from_millis(if idle { 1000 } else { 5 })) {
                     Ok(Notice::Failed(route, text)) => later.push((route, text)),
                     Ok(Notice::Gone(route)) => departed.push(route),
-                    Ok(Notice::Heal(words)) => {
+                    Ok(Notice::Note(words)) => {
                         if let Some(heal) = &heal {
                             heal.receive(&words);
                         }
@@ -543,12 +522,12 @@ fn pass_failures_on(
                     )
                 });
                 // A dead or refused process fails every run, this one and
-                // the next.
+                // every later one (from its start: `Health::reset`).
                 for (origin, error) in due {
                     h.fail_elsewhere(Some(now), origin, error);
                 }
-                for (origin, error) in dead.iter().cloned() {
-                    h.fail_elsewhere(None, origin, error);
+                for (origin, error) in dead.drain(..) {
+                    h.fail_for_good(origin, error);
                 }
             }
         });
@@ -568,15 +547,13 @@ fn heal_over(
     t: &Tuned,
 ) -> Arc<Heal> {
     let (key, path) = (t.key.clone(), t.path.clone().filter(|_| process == 0));
-    let out = Arc::downgrade(hub);
     let span = Span {
         local,
         processes,
         decides: process == 0,
-        send: Box::new(move |run, to_all, words| {
-            if let Some(hub) = out.upgrade() {
-                hub.heal(group, run, to_all, words);
-            }
+        relay: Arc::new(OverMpi {
+            hub: Arc::downgrade(hub),
+            group,
         }),
     };
     Arc::new(Heal::across(
@@ -597,9 +574,9 @@ struct Place<'a> {
     number: u64,
     process_of: &'a [usize],
     local: (usize, usize),
-    /// Where splits of this process's ranks meet: `Some` where they share
+    /// Whether splits of this process's ranks meet: where they share
     /// one device (and hop between each other by device copies).
-    splits_meet: Option<MakePlace>,
+    splits_meet: bool,
 }
 
 /// The tuning table every process of the world uses: process 0's cached
@@ -627,7 +604,7 @@ fn tuned_over(
     }
     // Ranks sharing a device hop by device copies, ranks on a device each
     // through the host: tables of the one are not the other's.
-    let shared = if place.splits_meet.is_some() {
+    let shared = if place.splits_meet {
         " on one device"
     } else {
         ""
@@ -650,7 +627,7 @@ fn tuned_over(
                 let layout = Layout {
                     group: split_id(u64::MAX - 1, place.number, u32::try_from(i).unwrap_or(0)),
                     process_of: place.process_of.to_vec(),
-                    meet: None,
+                    meet: false,
                     splits_meet: place.splits_meet,
                 };
                 ends::<Fingerprint>(hub, layout)

@@ -20,6 +20,9 @@ use crate::runtime::flight::{Flight, FlightRecord};
 
 pub(crate) struct Health {
     failure: Mutex<Option<Failure>>,
+    /// A failure no run outlives: another process died or was refused.
+    /// Every run from then on starts failed with it.
+    lasting: Mutex<Option<Failure>>,
     /// Each rank's own first failure of the run, with the call it failed:
     /// what that rank's later calls repeat, saying so.
     firsts: Mutex<Vec<Option<(u64, Error)>>>,
@@ -78,6 +81,7 @@ impl Health {
         Arc::new(Health {
             claims: Claims::new(devices),
             failure: Mutex::new(None),
+            lasting: Mutex::new(None),
             firsts: Mutex::new(vec![None; ranks]),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, depth),
@@ -97,6 +101,7 @@ impl Health {
         Health {
             claims: Claims::new(parent.0.claims.devices_of(&parent.1)),
             failure: Mutex::new(None),
+            lasting: Mutex::new(None),
             firsts: Mutex::new(vec![None; ranks]),
             gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
             flight: Flight::new(ranks, parent.0.flight.depth()),
@@ -236,6 +241,29 @@ impl Health {
         self.record(origin, error, false, run);
     }
 
+    /// Records a failure that every run from now on has too (another
+    /// process died, or was refused): a run that starts later starts
+    /// failed, however fast its collectives would have been.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn fail_for_good(&self, origin: usize, error: Error) {
+        {
+            let mut l = lock(&self.lasting);
+            if l.is_none() {
+                *l = Some(Failure {
+                    origin,
+                    error: error.clone(),
+                });
+            }
+        }
+        self.record(origin, error, false, None);
+    }
+
+    /// Whether a lasting failure is recorded (`fail_for_good`).
+    #[cfg(all(test, feature = "mpi"))]
+    pub(crate) fn failed_for_good(&self) -> bool {
+        lock(&self.lasting).is_some()
+    }
+
     fn record(&self, origin: usize, error: Error, announce: bool, run: Option<u32>) {
         let mut f = lock(&self.failure);
         if f.is_some() || run.is_some_and(|r| r != self.runs()) {
@@ -295,10 +323,11 @@ impl Health {
         self.runs.load(Ordering::Acquire)
     }
 
-    /// Forgets failures, departures and history (a new `World::run`).
+    /// Forgets failures, departures and history (a new `World::run`);
+    /// a lasting failure stays.
     pub(crate) fn reset(&self) {
         let mut f = lock(&self.failure);
-        *f = None;
+        *f = lock(&self.lasting).clone();
         lock(&self.firsts).iter_mut().for_each(|e| *e = None);
         self.runs.fetch_add(1, Ordering::AcqRel);
         self.in_run.store(true, Ordering::Release);

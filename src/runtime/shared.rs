@@ -23,13 +23,12 @@ use crate::device::{RankDevice, Ticket};
 use crate::error::{Error, Result};
 use crate::runtime::collectives::{Collective, SplitTable};
 use crate::runtime::fingerprint::Fingerprint;
-use crate::runtime::hop::Link;
 use crate::runtime::plan::Plan;
 use crate::runtime::planner::{self, Call, For, Lies, Tuning};
 use crate::runtime::profile::Counters;
 use crate::runtime::stand_in::StandIns;
 use crate::runtime::waiter::Waiter;
-use crate::transport::Place;
+use crate::transport::Carried;
 use crate::transport::shared::Meeting;
 
 /// What a rank brings to the meeting.
@@ -59,15 +58,14 @@ pub(crate) enum Outcome {
 /// Where a shared-device group meets.
 pub(crate) type Group = Meeting<Arrival, Result<Outcome>>;
 
-/// A meeting place for a group of `n` ranks, as the transport carries it
-/// (`transport::local::mesh`).
-pub(crate) fn place(n: usize) -> Place {
-    Arc::new(Group::new(n))
-}
+/// The runtime's packets carry a fingerprint, and a group whose ranks
+/// share one device meets here.
+impl Carried for Fingerprint {
+    type Meeting = Group;
 
-/// Where `link`'s group meets, when its ranks all share one device.
-pub(crate) fn meeting_of(link: &Link) -> Option<Arc<Group>> {
-    link.meeting()?.downcast::<Group>().ok()
+    fn meeting(n: usize) -> Group {
+        Group::new(n)
+    }
 }
 
 /// Runs `what` on `ins` and `outs` (this rank's) with the rest of the group.
@@ -79,6 +77,7 @@ pub(crate) fn run(
     group: &Arc<Group>,
     w: &Waiter<'_>,
     tuning: &Tuning,
+    explore: Option<Plan>,
     what: &Collective,
     ins: &[Tensor],
     outs: &[Tensor],
@@ -98,14 +97,14 @@ pub(crate) fn run(
         arrival,
         &w.patience(),
         |peer| w.left(peer),
-        |all| host(w, tuning, all, stamps),
+        |all| host(w, (tuning, explore), all, stamps),
     )?
 }
 
 /// The last rank's part: agree, then record and submit everyone's steps.
 fn host(
     w: &Waiter<'_>,
-    tuning: &Tuning,
+    (tuning, explore): (&Tuning, Option<Plan>),
     all: Vec<Arrival>,
     stamps: Option<&mut Timestamps>,
 ) -> Vec<Result<Outcome>> {
@@ -123,6 +122,7 @@ fn host(
         what: &all[0].what,
         n,
         lies: Lies::Shared(feasible(w.dev, &all)),
+        explore,
     };
     let whom = For {
         flight: &w.health.flight,

@@ -27,7 +27,7 @@ use crate::error::Error;
 
 use super::mapped::HostSlot;
 use super::pool::Pool;
-use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Transport, Wake};
+use super::{Body, Carried, Closed, LANES, Lane, Packet, Transport, Wake};
 
 /// Map states of a staging buffer, set by its map callback.
 pub(crate) const MAP_PENDING: u8 = 0;
@@ -189,23 +189,21 @@ impl Loan {
 
 /// One rank's ends of the in-process links to every other rank of a group:
 /// entry `peer * LANES + lane`.
-pub(crate) struct Local<H> {
+pub(crate) struct Local<H: Carried> {
     to: Vec<Sender<Packet<H>>>,
     from: Vec<Receiver<Packet<H>>>,
     pool: Arc<Pool>,
     wake: Arc<Wake>,
-    /// The group's meeting place, and how to make one for a split.
-    meeting: Option<(Place, MakePlace)>,
+    /// The group's meeting place, where its ranks share one device (then
+    /// each group a split makes of it meets too).
+    meeting: Option<Arc<H::Meeting>>,
 }
 
 /// Links between every pair of `n` ranks; entry `r` is rank `r`'s end.
-/// With `meeting`, the ranks share one device and meet at a place it
-/// makes, the same for every end.
-pub(crate) fn mesh<H: Send + 'static>(
-    n: usize,
-    meeting: Option<MakePlace>,
-) -> Vec<Arc<dyn Transport<H>>> {
-    let meeting = meeting.map(|make| (make(n), make));
+/// Where they `meet` (they share one device), every end has the same
+/// meeting place.
+pub(crate) fn mesh<H: Carried>(n: usize, meet: bool) -> Vec<Arc<dyn Transport<H>>> {
+    let meeting = meet.then(|| Arc::new(H::meeting(n)));
     let pool = Arc::new(Pool::new(n.clamp(1, crate::MAX_RANKS).saturating_mul(4)));
     // links[a][end(b, lane)]: a -> b
     type Channel<H> = (Sender<Packet<H>>, Receiver<Packet<H>>);
@@ -231,7 +229,7 @@ fn end(peer: usize, lane: Lane) -> usize {
     peer.saturating_mul(LANES).saturating_add(lane as usize)
 }
 
-impl<H: Send + 'static> Transport<H> for Local<H> {
+impl<H: Carried> Transport<H> for Local<H> {
     fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed> {
         self.to
             .get(end(peer, lane))
@@ -249,8 +247,8 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
         &self.wake
     }
 
-    fn meeting(&self) -> Option<Place> {
-        self.meeting.as_ref().map(|(place, _)| place.clone())
+    fn meeting(&self) -> Option<Arc<H::Meeting>> {
+        self.meeting.clone()
     }
 
     fn carries_loans(&self, _peer: usize) -> bool {
@@ -263,7 +261,7 @@ impl<H: Send + 'static> Transport<H> for Local<H> {
         _color: u32,
         members: &[usize],
     ) -> Vec<Option<Arc<dyn Transport<H>>>> {
-        mesh(members.len(), self.meeting.as_ref().map(|(_, make)| *make))
+        mesh(members.len(), self.meeting.is_some())
             .into_iter()
             .map(Some)
             .collect()

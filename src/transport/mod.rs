@@ -4,7 +4,7 @@
 //! the bytes is a [`Transport`] backend, and nothing above this module
 //! knows which (NCCL's `ncclTransport`, Gloo's `transport/`). The first
 //! backend is in-process channels ([`local`]); ranks in several processes
-//! will add MPI beside it. A transport knows deadlines, nothing of the
+//! talk over MPI (`mpi`, the feature of that name). A transport knows deadlines, nothing of the
 //! group's health or the progress of a collective: it waits at most what
 //! it is given and says when a peer's end is gone; the runtime decides
 //! what that means.
@@ -185,14 +185,18 @@ impl<H> Packet<H> {
     }
 }
 
-/// Where the ends of a group whose ranks all share one device meet
-/// (`shared.rs`'s `Meeting`, holding what the runtime brings to it): the
-/// transport makes it and hands it over, the runtime knows what it holds.
-pub(crate) type Place = Arc<dyn std::any::Any + Send + Sync>;
+/// What the runtime above gives its transport to carry: the header of its
+/// packets (`Packet::fp`), and the place where the ends of a group whose
+/// ranks all share one device meet (`runtime::shared`'s meeting). The
+/// transport hands one such place to every end of a group that meets, and
+/// a new one to each group `split` makes of it, knowing only its type.
+pub(crate) trait Carried: Send + 'static {
+    /// Where a group whose ranks share one device meets.
+    type Meeting: Send + Sync + 'static;
 
-/// Makes the meeting place of a group of n ranks (for the groups `split`
-/// makes out of a group that meets).
-pub(crate) type MakePlace = fn(usize) -> Place;
+    /// A meeting place for a group of `n` ranks.
+    fn meeting(n: usize) -> Self::Meeting;
+}
 
 /// Wakes a rank blocked in [`Transport::recv`]: a raised alarm rings it
 /// (see `deadline::Alarm`), and the receive returns empty-handed so that
@@ -246,7 +250,7 @@ impl Wake {
 pub(crate) struct Closed;
 
 /// One rank's ends of its links to every other rank of a group.
-pub(crate) trait Transport<H>: Send + Sync {
+pub(crate) trait Transport<H: Carried>: Send + Sync {
     /// Sends `packet` to `peer` on `lane` without blocking.
     fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed>;
 
@@ -259,7 +263,7 @@ pub(crate) trait Transport<H>: Send + Sync {
 
     /// Where this end's group meets instead of sending bytes, when its
     /// ranks all share one device; the same place on every end.
-    fn meeting(&self) -> Option<Place> {
+    fn meeting(&self) -> Option<Arc<H::Meeting>> {
         None
     }
 

@@ -529,7 +529,8 @@ impl Heal {
     /// Process 0: tells the others what it decided.
     fn tell(&self, decided: Decided) {
         if let Some(span) = &self.span {
-            (span.send)(decided.run, true, Note::Decided(decided).encode());
+            span.relay
+                .send(decided.run, true, Note::Decided(decided).encode());
         }
     }
 
@@ -799,7 +800,8 @@ impl Heal {
                     let batch =
                         std::mem::replace(&mut t.outbox, Vec::with_capacity(heal_span::BATCH));
                     drop(t);
-                    (span.send)(seen.at.0, false, Note::Seen(batch).encode());
+                    span.relay
+                        .send(seen.at.0, false, Note::Seen(batch).encode());
                 }
             }
         }
@@ -908,13 +910,16 @@ mod tests {
         })
     }
 
-    /// What the planner decides from, with `table` and `prefer`.
-    fn tuning(table: Option<Arc<Table>>, prefer: Option<Plan>) -> Tuning {
-        Tuning {
-            table,
-            prefer,
+    /// The plan of an all_reduce on `n` ranks that share a device, by
+    /// `d`'s table and what it explores at call `seq`.
+    fn decided(d: &Directive, what: &Collective, n: usize, seq: u64) -> Plan {
+        let tuning = Tuning {
+            table: Some(d.table.clone()),
             ..Tuning::for_tests()
-        }
+        };
+        let explore = d.prefer(Kind::AllReduce, planner::bytes_of(what), seq);
+        planner::explored_for_tests(&tuning, what, n, planner::Lies::Shared(Ok(())), explore)
+            .unwrap()
     }
 
     /// Runs `calls` all_reduce calls of `bytes` on `n` ranks that decide
@@ -934,18 +939,13 @@ mod tests {
             op: ReduceOp::Sum,
         }
         .into();
-        let mut tuning = tuning(None, None);
         let mut plans = vec![Vec::new(); n];
         for seq in 0..calls {
             for (r, mine) in plans.iter_mut().enumerate() {
                 let (d, run) = heal
                     .at(r, seq, Duration::from_secs(1), &Alarm::default(), || Ok(()))
                     .unwrap();
-                tuning.table = Some(d.table.clone());
-                tuning.prefer = d.prefer(Kind::AllReduce, Some(bytes), seq);
-                let plan =
-                    planner::choose_for_tests(&tuning, &what, n, planner::Lies::Shared(Ok(())))
-                        .unwrap();
+                let plan = decided(&d, &what, n, seq);
                 mine.push(plan);
                 if r == 0 {
                     let secs = took(plan, seq);
@@ -1038,24 +1038,35 @@ mod tests {
         let to_1: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
         let to_0: Arc<std::sync::OnceLock<Arc<Heal>>> = Arc::default();
         let sent = Arc::new(Mutex::new((0usize, 0usize)));
-        let span = |decides: bool, to: Arc<std::sync::OnceLock<Arc<Heal>>>| {
-            let sent = sent.clone();
-            Span {
-                local: 2,
-                processes: 2,
-                decides,
-                send: Box::new(move |_run, to_all, words| {
-                    assert_eq!(to_all, decides, "a note sent the wrong way");
-                    let mut s = sent.lock().unwrap();
-                    if decides {
-                        s.0 += 1
-                    } else {
-                        s.1 += 1
-                    }
-                    drop(s);
-                    to.get().unwrap().receive(&words);
-                }),
+        /// The other process's healing, as a relay: it receives what
+        /// this one sends, and counts it.
+        struct Across {
+            decides: bool,
+            to: Arc<std::sync::OnceLock<Arc<Heal>>>,
+            sent: Arc<Mutex<(usize, usize)>>,
+        }
+        impl heal_span::Relay for Across {
+            fn send(&self, _run: u32, to_all: bool, words: Vec<u8>) {
+                assert_eq!(to_all, self.decides, "a note sent the wrong way");
+                let mut s = self.sent.lock().unwrap();
+                if self.decides {
+                    s.0 += 1
+                } else {
+                    s.1 += 1
+                }
+                drop(s);
+                self.to.get().unwrap().receive(&words);
             }
+        }
+        let span = |decides: bool, to: Arc<std::sync::OnceLock<Arc<Heal>>>| Span {
+            local: 2,
+            processes: 2,
+            decides,
+            relay: Arc::new(Across {
+                decides,
+                to,
+                sent: sent.clone(),
+            }),
         };
         let kept = Arc::new(Mutex::new((0usize, 0usize)));
         let (k0, k1) = (kept.clone(), kept.clone());
@@ -1081,12 +1092,6 @@ mod tests {
             op: ReduceOp::Sum,
         }
         .into();
-        let tuning = |d: &Directive, seq: u64| {
-            tuning(
-                Some(d.table.clone()),
-                d.prefer(Kind::AllReduce, Some(MIB), seq),
-            )
-        };
         let mut plans = vec![Vec::new(); 4];
         let prev = std::cell::Cell::new(None);
         for seq in 0..300u64 {
@@ -1095,13 +1100,7 @@ mod tests {
                 let (d, run) = heal
                     .at(r, seq, Duration::from_secs(1), &Alarm::default(), || Ok(()))
                     .unwrap();
-                let plan = planner::choose_for_tests(
-                    &tuning(&d, seq),
-                    &what,
-                    4,
-                    planner::Lies::Shared(Ok(())),
-                )
-                .unwrap();
+                let plan = decided(&d, &what, 4, seq);
                 mine.push(plan);
                 if r == 0 || r == 2 {
                     let tail = prev
@@ -1153,10 +1152,14 @@ mod tests {
         let (d, _) = p1
             .at(2, 299, Duration::from_secs(1), &Alarm::default(), || Ok(()))
             .unwrap();
-        let plan =
-            planner::choose_for_tests(&tuning(&d, 299), &what, 4, planner::Lies::Shared(Ok(())))
-                .unwrap();
+        let plan = decided(&d, &what, 4, 299);
         assert_eq!(plan, Plan::Direct);
+    }
+
+    /// Notes that go nowhere.
+    struct Nowhere;
+    impl heal_span::Relay for Nowhere {
+        fn send(&self, _run: u32, _to_all: bool, _words: Vec<u8>) {}
     }
 
     #[test]
@@ -1169,7 +1172,7 @@ mod tests {
                 local: 1,
                 processes: 2,
                 decides: false,
-                send: Box::new(|_, _, _| {}),
+                relay: Arc::new(Nowhere),
             },
         );
         p1.new_run();

@@ -31,9 +31,32 @@ pub(crate) struct Span {
     pub processes: usize,
     /// Whether this process holds rank 0, which decides.
     pub decides: bool,
-    /// Sends a note of run `.0`: to every other process when `.1`, else
-    /// to process 0.
-    pub send: Box<dyn Fn(u32, bool, Vec<u8>) + Send + Sync>,
+    /// Where this process's notes go.
+    pub relay: Arc<dyn Relay>,
+}
+
+/// How a process's healing notes reach the world's other processes.
+pub(crate) trait Relay: Send + Sync {
+    /// Sends `words`, a note of run `run`: to every other process when
+    /// `to_all`, else to process 0.
+    fn send(&self, run: u32, to_all: bool, words: Vec<u8>);
+}
+
+/// The notes of group `group`, through this process's MPI hub; once the
+/// hub is gone (the world is ending), a note goes nowhere.
+#[cfg(feature = "mpi")]
+pub(crate) struct OverMpi {
+    pub hub: std::sync::Weak<crate::transport::mpi::hub::Hub>,
+    pub group: u64,
+}
+
+#[cfg(feature = "mpi")]
+impl Relay for OverMpi {
+    fn send(&self, run: u32, to_all: bool, words: Vec<u8>) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.note(self.group, run, to_all, words);
+        }
+    }
 }
 
 impl std::fmt::Debug for Span {

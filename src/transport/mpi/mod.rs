@@ -3,8 +3,10 @@
 //! A group's ranks live in one or more processes. A hop between two ranks
 //! of one process goes over the in-process backend (channels and loans,
 //! as in a world of one process); a hop to another process goes to this
-//! process's [`hub::Hub`], the one thread that calls MPI, as a frame
-//! routed by (group, receiver, sender, lane). The runtime above sees one
+//! process's [`hub::Hub`], which hands it to the one thread that calls MPI
+//! (`pump.rs`), as a frame routed by (group, receiver, sender, lane;
+//! `routes.rs`), with the wire's format in `wire.rs` and who is still
+//! there in `liveness.rs`. The runtime above sees one
 //! [`Transport`] either way; it only learns that loans do not cross
 //! processes ([`Transport::carries_loans`]).
 //!
@@ -13,7 +15,10 @@
 //! worlds, a split's from its parent's, its sequence number and its color.
 
 pub(crate) mod hub;
+mod liveness;
+mod pump;
 pub(crate) mod raw;
+mod routes;
 pub(crate) mod wire;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,10 +29,10 @@ use crossbeam::channel::Receiver;
 
 use self::hub::{Arrived, Frame, HEADER, Hub, Outgoing, Route};
 use super::staging::Landing;
-use super::{Body, Closed, LANES, Lane, MakePlace, Packet, Place, Receipt, Transport, Wake};
+use super::{Body, Carried, Closed, LANES, Lane, Packet, Receipt, Transport, Wake};
 
 /// A packet header that can cross a process boundary.
-pub(crate) trait Header: Sized {
+pub(crate) trait Header: Carried + Sized {
     /// Writes the header into `out` (at most [`HEADER`] bytes).
     fn encode(&self, out: &mut [u8; HEADER]);
     /// Reads a header written by `encode`; `None` if it is not one.
@@ -43,13 +48,13 @@ pub(crate) struct Layout {
     /// Where this group meets, when its ranks are all of one process and
     /// share its device (a split's; the world's own group is made as a
     /// device per rank even when it has a single process).
-    pub meet: Option<MakePlace>,
+    pub meet: bool,
     /// The same for the groups `split` makes of this process's ranks alone.
-    pub splits_meet: Option<MakePlace>,
+    pub splits_meet: bool,
 }
 
 /// One rank's end of a group spread over processes.
-pub(crate) struct Remote<H> {
+pub(crate) struct Remote<H: Carried> {
     hub: Arc<Hub>,
     layout: Arc<Layout>,
     /// This rank in the group.
@@ -69,7 +74,7 @@ pub(crate) struct Remote<H> {
 
 /// The ends of `layout`'s ranks that live in this process (`None` for the
 /// others).
-pub(crate) fn ends<H: Header + Send + 'static>(
+pub(crate) fn ends<H: Header>(
     hub: &Arc<Hub>,
     layout: Layout,
 ) -> Vec<Option<Arc<dyn Transport<H>>>> {
@@ -88,7 +93,7 @@ pub(crate) fn ends<H: Header + Send + 'static>(
         .collect()
 }
 
-impl<H> Remote<H> {
+impl<H: Carried> Remote<H> {
     fn open(hub: Arc<Hub>, layout: Arc<Layout>, me: usize, local: Arc<dyn Transport<H>>) -> Self {
         let from = RwLock::new(open_routes(&hub, &layout, me, 0));
         Remote {
@@ -139,7 +144,7 @@ pub(crate) fn split_id(parent: u64, seq: u64, color: u32) -> u64 {
     crate::hash::fnv1a([parent, seq, u64::from(color)])
 }
 
-impl<H> Drop for Remote<H> {
+impl<H: Carried> Drop for Remote<H> {
     fn drop(&mut self) {
         self.close();
         let me = u32::try_from(self.me).unwrap_or(u32::MAX);
@@ -147,7 +152,7 @@ impl<H> Drop for Remote<H> {
     }
 }
 
-impl<H> Remote<H> {
+impl<H: Carried> Remote<H> {
     /// Closes this epoch's routes.
     fn close(&self) {
         let epoch = self.epoch.load(Ordering::Acquire);
@@ -164,7 +169,7 @@ impl<H> Remote<H> {
     }
 }
 
-impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
+impl<H: Header> Transport<H> for Remote<H> {
     fn send(&self, peer: usize, lane: Lane, packet: Packet<H>) -> Result<(), Closed> {
         let Some(process) = self.remote(peer) else {
             return self.local.send(peer, lane, packet);
@@ -234,7 +239,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         }))
     }
 
-    fn meeting(&self) -> Option<Place> {
+    fn meeting(&self) -> Option<Arc<H::Meeting>> {
         self.local.meeting()
     }
 
@@ -254,7 +259,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
     /// This process's ranks share one device exactly where the groups
     /// split of them alone meet there.
     fn shares_device(&self, peer: usize) -> bool {
-        self.layout.splits_meet.is_some()
+        self.layout.splits_meet
             && peer != self.me
             && self.layout.process_of.get(peer) == Some(&self.hub.process)
     }
@@ -285,7 +290,7 @@ impl<H: Header + Send + 'static> Transport<H> for Remote<H> {
         let layout = Layout {
             group: split_id(self.layout.group, seq, color),
             process_of,
-            meet: self.layout.splits_meet.filter(|_| here),
+            meet: self.layout.splits_meet && here,
             splits_meet: self.layout.splits_meet,
         };
         ends(&self.hub, layout)

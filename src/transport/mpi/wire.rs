@@ -22,7 +22,7 @@ pub(crate) const TAG_HEAD: i32 = 17;
 pub(crate) const TAG_BODY: i32 = 18;
 
 /// Most bytes of a notice's or a receipt's body: an error's text, or a
-/// healing note (a few tables as text).
+/// runtime's note (healing's carries a few tables as text).
 pub(crate) const NOTE_MAX: usize = 1 << 20;
 
 /// Where a frame goes: a rank (`to`) of a group, from a rank of it, on a lane.
