@@ -179,7 +179,7 @@ impl Communicator {
         tuning: Tuning,
     ) -> Result<Communicator> {
         let Reach { endpoint, splits } = reach;
-        let group = shared::meeting_of(&*endpoint);
+        let group = endpoint.meeting();
         let (tx, rx) = unbounded();
         let inflight = Arc::new(Inflight::default());
         let counters = Arc::new(Counters::default());
@@ -972,10 +972,9 @@ impl Communicator {
         // A split's sequence numbers are its own: it keeps its parent's
         // first table and does not heal.
         tuning.heal = None;
-        tuning.prefer = None;
         // Nor does it lie over processes as the world does.
         tuning.tier = None;
-        if inner.group.is_none() && shared::meeting_of(&*endpoint).is_some() {
+        if inner.group.is_none() && endpoint.meeting().is_some() {
             tuning.table = None;
         }
         Communicator::new(

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cost::{Algorithm, CostModel, Rates};
 use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::plan::Plan;
-use crate::runtime::planner::Tuning;
+use crate::runtime::planner::{Figures, Forced, Tuning};
 
 /// Most ranks a world may have.
 pub const MAX_RANKS: usize = 64;
@@ -492,19 +492,19 @@ impl WorldConfig {
 
     /// What the planner decides from, with the figures measured on `first`.
     pub(crate) fn tuning(&self, first: &RankDevice) -> Result<Tuning> {
-        Ok(Tuning {
-            algorithm: self.algorithm()?,
-            plan: self.plan()?,
-            cost: CostModel::measure(first)?,
-            rates: Rates::measure(first)?,
-            host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
-            units: 0,
-            table: None,
-            heal: None,
-            prefer: None,
-            fold: self.fold_order()?,
-            tier: None,
-        })
+        Ok(Tuning::new(
+            Forced {
+                algorithm: self.algorithm()?,
+                plan: self.plan()?,
+                fold: self.fold_order()?,
+            },
+            Figures {
+                cost: CostModel::measure(first)?,
+                rates: Rates::measure(first)?,
+                host_fold: first.info.device_type == wgpu::DeviceType::Cpu,
+                units: 0,
+            },
+        ))
     }
 
     pub(crate) fn backends(&self) -> wgpu::Backends {

@@ -25,9 +25,11 @@ use crate::runtime::hop::{self, Packet};
 use crate::runtime::prims::Prims;
 use crate::transport::{Body, LoanView};
 
-/// All-reduces `x` into `out` (n > 1 ranks) as the module says; `Ok(false)`,
-/// with nothing done, where this rank's slots are not in host memory.
-pub(crate) fn all_reduce(p: &mut Prims, x: &Tensor, out: &Tensor, fold: HostFold) -> Result<bool> {
+/// All-reduces `x` into `out` (n > 1 ranks) as the module says. Only where
+/// this rank's slots lie in host memory its device imports
+/// ([`Prims::folds_in_host_memory`]); elsewhere an error, never another
+/// plan in its place.
+pub(crate) fn all_reduce(p: &mut Prims, x: &Tensor, out: &Tensor, fold: HostFold) -> Result<()> {
     let (n, r) = (p.nranks, p.rank());
     let words = x.words();
     let bytes = usize::try_from(x.byte_len().next_multiple_of(4)).unwrap_or(usize::MAX);
@@ -36,8 +38,13 @@ pub(crate) fn all_reduce(p: &mut Prims, x: &Tensor, out: &Tensor, fold: HostFold
     // rank whose device cannot import, folding on its device, pairs with
     // this one.
     let sent = words * 4;
+    let nowhere = |p: &Prims| {
+        p.w.device_error(
+            "the one-shot on host memory ran where this rank's device imports none (a bug)".into(),
+        )
+    };
     let Some(mine) = p.lend_in_host_memory((x.buffer(), x.word_offset()), bytes, sent)? else {
-        return Ok(false);
+        return Err(nowhere(p));
     };
     for k in 1..n {
         p.post_body((r + k) % n, Body::Loan(mine.clone()))?;
@@ -112,5 +119,5 @@ pub(crate) fn all_reduce(p: &mut Prims, x: &Tensor, out: &Tensor, fold: HostFold
     for packet in came.into_iter().flatten() {
         hop::recycle(p.link, packet);
     }
-    Ok(folded)
+    if folded { Ok(()) } else { Err(nowhere(p)) }
 }

@@ -28,13 +28,22 @@ use crate::runtime::plan::Plan;
 use crate::runtime::tune::Table;
 use crate::runtime::two_level::Tier;
 
-/// What the planner chooses from: what the user
-/// forced, and figures measured on rank 0's device that every rank shares.
-#[derive(Debug, Clone)]
-pub(crate) struct Tuning {
+/// What the user forced, in every call's choice: the plan, the set of
+/// plans an algorithm names, and the fold orders collectives may take
+/// (agreed by every process).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Forced {
     pub algorithm: Algorithm,
-    /// A plan forced by the user, for the collectives that offer it.
+    /// A plan, for the collectives that offer it.
     pub plan: Option<Plan>,
+    pub fold: FoldOrder,
+}
+
+/// What was measured on rank 0's device, that every rank (every process)
+/// decides from alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Figures {
+    /// The hop model the rules price plans with.
     pub cost: CostModel,
     pub rates: Rates,
     /// Whether the ring between ranks of their own devices may fold on
@@ -45,16 +54,22 @@ pub(crate) struct Tuning {
     /// Units per invocation of the reduction kernel, as timed on rank 0's
     /// device (`kernel_shape.rs`); 0: by the rule.
     pub units: u64,
+}
+
+/// What the planner chooses from, in layers: what the user forced, what
+/// timing the plans found, what was measured for the rules; and where the
+/// world lies over processes. The same on every rank of a group.
+#[derive(Debug, Clone)]
+pub(crate) struct Tuning {
+    pub forced: Forced,
+    pub figures: Figures,
     /// What timing the plans on the world's devices found (`tune.rs`),
-    /// when the world was tuned: it chooses where it has the kind.
+    /// when the world was tuned: it chooses where it has the kind. Where
+    /// the world heals, its healing's latest table.
     pub table: Option<Arc<Table>>,
-    /// The world's healing (`heal.rs`): it replaces `table` and sets
-    /// `prefer` at each collective. Not a split's.
+    /// The world's healing (`heal/`): it replaces `table`, and explores
+    /// (`Call::explore`), at each collective. Not a split's.
     pub heal: Option<Arc<Heal>>,
-    /// The plan this call runs where it can, as healing explores.
-    pub prefer: Option<Plan>,
-    /// The fold orders collectives may take (agreed by every process).
-    pub fold: FoldOrder,
     /// How the world's ranks lie over processes that each hold ranks on
     /// one device: where two-level plans can run (a world over MPI's; not
     /// a split's).
@@ -62,15 +77,28 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    /// Whether the user forced a plan `what` offers.
-    pub(crate) fn forces(&self, what: &Collective) -> bool {
-        self.plan.is_some_and(|p| what.plans().contains(&p))
+    /// What the user forced and what was measured, untimed: no table, no
+    /// healing, in one process.
+    pub(crate) fn new(forced: Forced, figures: Figures) -> Tuning {
+        Tuning {
+            forced,
+            figures,
+            table: None,
+            heal: None,
+            tier: None,
+        }
     }
 
-    /// The figures every rank must decide from, as words (processes agree
-    /// on rank 0's: see `with_figures`).
+    /// Whether the user forced a plan `what` offers.
+    pub(crate) fn forces(&self, what: &Collective) -> bool {
+        self.forced.plan.is_some_and(|p| what.plans().contains(&p))
+    }
+}
+
+impl Figures {
+    /// The figures as words, for processes to agree on rank 0's.
     #[cfg(feature = "mpi")]
-    pub(crate) fn figures(&self) -> Vec<u64> {
+    pub(crate) fn to_words(self) -> Vec<u64> {
         let mut w = self.cost.to_words().to_vec();
         w.extend([
             self.rates.host.to_bits(),
@@ -81,11 +109,11 @@ impl Tuning {
         w
     }
 
-    /// This tuning with the figures `words` (from `figures`) give.
+    /// The figures `words` (from `to_words`) give.
     #[cfg(feature = "mpi")]
-    pub(crate) fn with_figures(self, words: &[u64]) -> Option<Tuning> {
+    pub(crate) fn from_words(words: &[u64]) -> Option<Figures> {
         match words {
-            [c0, c1, c2, host, device, fold, units, ..] => Some(Tuning {
+            [c0, c1, c2, host, device, fold, units, ..] => Some(Figures {
                 cost: CostModel::from_words(&[*c0, *c1, *c2])?,
                 rates: Rates {
                     host: f64::from_bits(*host),
@@ -93,7 +121,6 @@ impl Tuning {
                 },
                 host_fold: *fold != 0,
                 units: *units,
-                ..self
             }),
             _ => None,
         }
@@ -105,26 +132,26 @@ impl Tuning {
     /// Figures for the planner's unit tests: nothing forced, no table, the
     /// host folding, a cost model of 50 us and 1 GB/s.
     pub(crate) fn for_tests() -> Tuning {
-        Tuning {
-            algorithm: Algorithm::Auto,
-            plan: None,
-            cost: CostModel {
-                alpha: Duration::from_micros(50),
-                beta: 1e9,
-                dispatch: Duration::from_micros(10),
+        Tuning::new(
+            Forced {
+                algorithm: Algorithm::Auto,
+                plan: None,
+                fold: FoldOrder::Canonical,
             },
-            rates: Rates {
-                host: 1e9,
-                device: 1e10,
+            Figures {
+                cost: CostModel {
+                    alpha: Duration::from_micros(50),
+                    beta: 1e9,
+                    dispatch: Duration::from_micros(10),
+                },
+                rates: Rates {
+                    host: 1e9,
+                    device: 1e10,
+                },
+                host_fold: true,
+                units: 1,
             },
-            host_fold: true,
-            units: 1,
-            table: None,
-            heal: None,
-            prefer: None,
-            fold: FoldOrder::Canonical,
-            tier: None,
-        }
+        )
     }
 }
 
@@ -186,7 +213,7 @@ impl std::fmt::Display for Unfit {
 /// rank: the tier and the fold order were agreed by every process.
 fn two_level(tuning: &Tuning, what: &Collective, n: usize) -> Result<(), Unfit> {
     let tier = tuning.tier.as_ref().ok_or(Unfit::NoTier)?;
-    if let Some(dtype) = what.dtype().filter(|&d| !tuning.fold.frees(d)) {
+    if let Some(dtype) = what.dtype().filter(|&d| !tuning.forced.fold.frees(d)) {
         return Err(Unfit::Order(dtype));
     }
     if !tier.fits(n) {
@@ -218,6 +245,9 @@ pub(crate) struct Call<'a> {
     pub what: &'a Collective,
     pub n: usize,
     pub lies: Lies,
+    /// The plan healing explores at this call (the same on every rank:
+    /// rank 0's checkpoint), taken where the table may choose it.
+    pub explore: Option<Plan>,
 }
 
 /// Whom a decision is for: the ranks of the group (in `flight`, their
@@ -291,7 +321,7 @@ fn choose(tuning: &Tuning, call: &Call<'_>) -> Result<Plan, String> {
     let what = call.what;
     let kind = what.kind();
     let offers = what.plans();
-    if let Some(forced) = tuning.plan.filter(|p| offers.contains(p)) {
+    if let Some(forced) = tuning.forced.plan.filter(|p| offers.contains(p)) {
         return match can_run(tuning, call, forced) {
             Ok(()) => Ok(forced),
             Err(Cannot::Apart { n }) => {
@@ -314,7 +344,7 @@ fn choose(tuning: &Tuning, call: &Call<'_>) -> Result<Plan, String> {
     // can run here (the direct kernels between devices of their own), it
     // names none and the planner chooses as for `Auto`.
     let priced = what.unit().priced();
-    let named = |p: Plan| priced.is_some() && tuning.algorithm.admits(p);
+    let named = |p: Plan| priced.is_some() && tuning.forced.algorithm.admits(p);
     let any_named = offers.iter().any(|&p| named(p) && runs(p));
     let may = |p: Plan| runs(p) && (!any_named || named(p));
     // Measured: the plan timed fastest at this size, among those that
@@ -327,13 +357,13 @@ fn choose(tuning: &Tuning, call: &Call<'_>) -> Result<Plan, String> {
         // 2 GiB of room was more than the device would give).
         let allowed = |p: Plan| {
             may(p)
-                && (p != Plan::HostRing || tuning.host_fold)
+                && (p != Plan::HostRing || tuning.figures.host_fold)
                 && (p != Plan::OneShot
                     || table
                         .largest(kind, p)
                         .is_some_and(|b| bytes as f64 <= 4.0 * b))
         };
-        if let Some(p) = tuning.prefer.filter(|&p| allowed(p)) {
+        if let Some(p) = call.explore.filter(|&p| allowed(p)) {
             return Ok(p);
         }
         if let Some(p) = table.choose(kind, bytes, allowed) {
@@ -348,16 +378,16 @@ fn choose(tuning: &Tuning, call: &Call<'_>) -> Result<Plan, String> {
         return Ok(Plan::Direct);
     }
     if let Some(bytes) = priced {
-        let ring = if tuning.host_fold && call.lies == Lies::Apart && may(Plan::HostRing) {
+        let ring = if tuning.figures.host_fold && call.lies == Lies::Apart && may(Plan::HostRing) {
             Plan::HostRing
         } else {
             Plan::DeviceRing
         };
         let price = |p: Plan| {
             if may(p) {
-                tuning
-                    .cost
-                    .price(&tuning.rates, p, call.n, bytes)
+                let f = &tuning.figures;
+                f.cost
+                    .price(&f.rates, p, call.n, bytes)
                     .unwrap_or(Duration::MAX)
             } else {
                 Duration::MAX
@@ -384,7 +414,27 @@ pub(crate) fn choose_for_tests(
     n: usize,
     lies: Lies,
 ) -> Result<Plan, String> {
-    choose(tuning, &Call { what, n, lies })
+    explored_for_tests(tuning, what, n, lies, None)
+}
+
+/// [`choose_for_tests`], where healing explores `explore`.
+#[cfg(test)]
+pub(crate) fn explored_for_tests(
+    tuning: &Tuning,
+    what: &Collective,
+    n: usize,
+    lies: Lies,
+    explore: Option<Plan>,
+) -> Result<Plan, String> {
+    choose(
+        tuning,
+        &Call {
+            what,
+            n,
+            lies,
+            explore,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -407,12 +457,16 @@ mod tests {
 
     /// 2 processes x 2 ranks on one device each, deciding by `table`.
     fn tuning(fold: FoldOrder, tier: bool, plan: Option<Plan>) -> Tuning {
+        let t = Tuning::for_tests();
         Tuning {
-            plan,
+            forced: Forced {
+                plan,
+                fold,
+                ..t.forced
+            },
             table: Some(two_level_fastest()),
-            fold,
             tier: tier.then(|| Arc::new(Tier::new(2, 2, 2, true))),
-            ..Tuning::for_tests()
+            ..t
         }
     }
 

@@ -790,6 +790,13 @@ impl<'a> Prims<'a> {
         Ok(true)
     }
 
+    /// Whether this rank's slots lie in host memory its device imports,
+    /// where the one-shot folds on the host (`runtime/host_oneshot.rs`):
+    /// the link's, for the world's life.
+    pub(crate) fn folds_in_host_memory(&self) -> bool {
+        self.stage.lends_in_host_memory()
+    }
+
     /// Lends `len` bytes in host memory every device of the group
     /// imports, the first `bytes` (a multiple of 4, at most `len`) of them
     /// `src`'s from word `base`: one device copy into a slot, not waited

@@ -192,6 +192,9 @@ pub(crate) struct Progress {
     )>,
 }
 
+/// A call healing will time: its kind, bytes and place in the run.
+type Watching = (crate::runtime::fingerprint::Kind, usize, At);
+
 impl Progress {
     pub(crate) fn run(mut self, rx: Receiver<Op>) {
         let mut scratch = Scratch::default();
@@ -302,7 +305,7 @@ impl Progress {
             // refused by every rank itself, none reporting a peer's
             // refusal instead. (Where they meet, the meeting decides.)
             let early = if !self.meets(it) && self.tuning.forces(&it.what) {
-                Some(self.decide(it)?)
+                Some(self.decide(it, None)?)
             } else {
                 None
             };
@@ -328,11 +331,11 @@ impl Progress {
     }
 
     /// Runs one collective into `outs` (its outputs, made here); returns
-    /// the submission that last writes them.
-    #[allow(
-        clippy::arithmetic_side_effects,
-        reason = "layout math over a collective's tensors, whose byte sizes were checked when they were made, and ranks below n <= MAX_RANKS"
-    )]
+    /// the last submission of its schedule. Its steps, each once: where
+    /// healing is on, the checkpoint the group plans by; the decision (at
+    /// the meeting, which also runs a direct plan, where the ranks share a
+    /// device; by this rank alone elsewhere); where the ranks lie apart,
+    /// the agreement on what runs; the schedule.
     fn execute(
         &mut self,
         op: &Item,
@@ -340,105 +343,158 @@ impl Progress {
         state: &Arc<WorkState>,
         outs: &[Tensor],
     ) -> Result<Ran> {
-        let dev = self.dev.clone();
-        let (n, r) = (self.size, self.rank);
-        let waiter = Waiter {
-            dev: &dev,
-            health: &self.health,
-            rank: r,
-            fp: op.fp,
-            timeout: self.timeout,
-        };
-        let p2p = op.fp.kind.point_to_point();
         let since = std::time::Instant::now();
-        let mut watching = None;
-        if let (Some(heal), true) = (self.tuning.heal.clone(), n > 1 && !p2p) {
-            // The plans every rank decides by at this call (rank 0's).
-            let health = &self.health;
-            let (d, run) = heal.at(r, op.fp.seq, self.timeout, &self.health.alarm, || {
-                health.check(r, &op.fp)?;
-                if health.is_gone(0) {
-                    return Err(waiter.peer_failed(
-                        0,
-                        "rank 0, which decides the plans the group runs, returned from its \
-                         closure"
-                            .into(),
-                    ));
-                }
-                Ok(())
-            })?;
-            if !self
-                .tuning
-                .table
-                .as_ref()
-                .is_some_and(|t| Arc::ptr_eq(t, &d.table))
-            {
-                self.tuning.table = Some(d.table.clone());
-            }
-            let bytes = planner::bytes_of(&op.what);
-            self.tuning.prefer = d.prefer(op.fp.kind, bytes, op.fp.seq);
-            watching = bytes.map(|b| (op.fp.kind, b, (run, op.fp.seq)));
-        }
-        let meets = self.meets(op);
-        let plan = if let (Some(group), true) = (&self.group, meets) {
-            let profiling = self.counters.enabled();
-            if profiling && dev.timestamps && self.stamps.is_none() {
-                self.stamps = Some(Timestamps::new(&dev)?);
-            }
-            let since = std::time::Instant::now();
-            let outcome = shared::run(
-                group,
-                &waiter,
-                &self.tuning,
-                &op.what,
-                &op.inputs,
-                outs,
-                profiling.then(|| self.counters.clone()),
-                self.stamps.as_mut().filter(|_| profiling),
-            )?;
-            match outcome {
+        let (explore, watching) = self.checkpoint(op)?;
+        let plan = match (self.group.clone(), self.meets(op)) {
+            (Some(group), true) => match self.meet(&group, op, explore, outs)? {
                 shared::Outcome::Ran { last, table } => {
-                    if profiling {
-                        // The meeting: waiting for the group, and for the
-                        // last rank to record and submit its steps.
-                        self.counters.waited(since);
-                        self.counters.collective();
-                    }
                     self.planned(state, op, Plan::Direct);
                     self.watch = watching.map(|(k, b, at)| (k, b, Plan::Direct, at, since));
                     return Ok(Ran { last, table });
                 }
                 // Every rank was told the same: the host schedules run it.
                 shared::Outcome::Host(plan) => plan,
-            }
-        } else {
-            match early {
-                Some(plan) => plan,
-                // Alone on its device (or a pair's hop): every rank of the
-                // group chooses alike from what they share.
-                None => self.decide(op)?,
+            },
+            _ => {
+                // Alone on its device (or a pair's hop): every rank of
+                // the group chooses alike from what they share.
+                let plan = match early {
+                    Some(plan) => plan,
+                    None => self.decide(op, explore)?,
+                };
+                self.agree(op, outs)?;
+                plan
             }
         };
         self.planned(state, op, plan);
         self.watch = watching.map(|(k, b, at)| (k, b, plan, at, since));
-        // Agree on what runs before moving any data: a rank that issued
-        // something else (or nothing) is caught here, on every rank, even
-        // when one side would have sent no bytes at all. (A point-to-point
-        // call checks its one peer with its first packet; a group that
-        // met checked every rank's call, and that no rank writes bytes
-        // another touches, at its meeting.)
-        if n > 1 && !p2p && !meets {
-            handshake(&*self.endpoint, &waiter, n)?;
-            // Ranks that share this device, each with its own progress,
-            // agree that none writes bytes another touches.
-            self.health.claims.check(
-                &waiter.patience(),
-                &op.fp,
-                &op.inputs,
-                outs,
-                op.what.writes_output(r),
-            )?;
+        self.schedule(op, plan, state, outs)
+    }
+
+    /// The waiter for `fp`'s waits on this rank.
+    fn waiter<'a>(
+        dev: &'a RankDevice,
+        health: &'a Health,
+        (rank, fp, timeout): (usize, Fingerprint, Duration),
+    ) -> Waiter<'a> {
+        Waiter {
+            dev,
+            health,
+            rank,
+            fp,
+            timeout,
         }
+    }
+
+    /// Where the table heals: the checkpoint every rank decides by at this
+    /// call (rank 0's, waited for), made this rank's table; the plan
+    /// healing explores here, and what to time the call as.
+    fn checkpoint(&mut self, op: &Item) -> Result<(Option<Plan>, Option<Watching>)> {
+        let (n, r) = (self.size, self.rank);
+        let Some(heal) = self.tuning.heal.clone() else {
+            return Ok((None, None));
+        };
+        if n <= 1 || op.fp.kind.point_to_point() {
+            return Ok((None, None));
+        }
+        let health = &self.health;
+        let waiter = Self::waiter(&self.dev, health, (r, op.fp, self.timeout));
+        let (d, run) = heal.at(r, op.fp.seq, self.timeout, &health.alarm, || {
+            health.check(r, &op.fp)?;
+            if health.is_gone(0) {
+                return Err(waiter.peer_failed(
+                    0,
+                    "rank 0, which decides the plans the group runs, returned from its closure"
+                        .into(),
+                ));
+            }
+            Ok(())
+        })?;
+        if !self
+            .tuning
+            .table
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(t, &d.table))
+        {
+            self.tuning.table = Some(d.table.clone());
+        }
+        let bytes = planner::bytes_of(&op.what);
+        let explore = d.prefer(op.fp.kind, bytes, op.fp.seq);
+        Ok((explore, bytes.map(|b| (op.fp.kind, b, (run, op.fp.seq)))))
+    }
+
+    /// The group's meeting, where every rank shares this device: it checks
+    /// every rank's call, decides once for all and runs a direct plan.
+    fn meet(
+        &mut self,
+        group: &Arc<shared::Group>,
+        op: &Item,
+        explore: Option<Plan>,
+        outs: &[Tensor],
+    ) -> Result<shared::Outcome> {
+        let dev = self.dev.clone();
+        let profiling = self.counters.enabled();
+        if profiling && dev.timestamps && self.stamps.is_none() {
+            self.stamps = Some(Timestamps::new(&dev)?);
+        }
+        let waiter = Self::waiter(&dev, &self.health, (self.rank, op.fp, self.timeout));
+        let since = std::time::Instant::now();
+        let outcome = shared::run(
+            group,
+            &waiter,
+            &self.tuning,
+            explore,
+            &op.what,
+            &op.inputs,
+            outs,
+            profiling.then(|| self.counters.clone()),
+            self.stamps.as_mut().filter(|_| profiling),
+        )?;
+        if profiling && matches!(outcome, shared::Outcome::Ran { .. }) {
+            // The meeting: waiting for the group, and for the last rank
+            // to record and submit its steps.
+            self.counters.waited(since);
+            self.counters.collective();
+        }
+        Ok(outcome)
+    }
+
+    /// Ranks apart agree on what runs before moving any data: a rank that
+    /// issued something else (or nothing) is caught here, on every rank,
+    /// even when one side would have sent no bytes at all. (A
+    /// point-to-point call checks its one peer with its first packet; a
+    /// group that met checked every rank's call, and that no rank writes
+    /// bytes another touches, at its meeting.)
+    fn agree(&self, op: &Item, outs: &[Tensor]) -> Result<()> {
+        let (n, r) = (self.size, self.rank);
+        if n <= 1 || op.fp.kind.point_to_point() {
+            return Ok(());
+        }
+        let waiter = Self::waiter(&self.dev, &self.health, (r, op.fp, self.timeout));
+        handshake(&*self.endpoint, &waiter, n)?;
+        // Ranks that share this device, each with its own progress, agree
+        // that none writes bytes another touches.
+        self.health.claims.check(
+            &waiter.patience(),
+            &op.fp,
+            &op.inputs,
+            outs,
+            op.what.writes_output(r),
+        )
+    }
+
+    /// Runs `plan`'s schedule for `op` on this rank's steps: its kernels,
+    /// its views staged where the steps cannot use them where they lie.
+    fn schedule(
+        &mut self,
+        op: &Item,
+        plan: Plan,
+        state: &Arc<WorkState>,
+        outs: &[Tensor],
+    ) -> Result<Ran> {
+        let dev = self.dev.clone();
+        let (n, r) = (self.size, self.rank);
+        let p2p = op.fp.kind.point_to_point();
         let (reduce, finish) = match (op.what.op(), op.what.dtype()) {
             (Some(o), Some(dtype)) if n > 1 => {
                 let divisor = if o == ReduceOp::Avg { n as u32 } else { 0 };
@@ -465,7 +521,7 @@ impl Progress {
             }
         };
         let mut p = Prims {
-            w: waiter,
+            w: Self::waiter(&dev, &self.health, (r, op.fp, self.timeout)),
             link: &*self.endpoint,
             lane: if p2p {
                 Lane::PointToPoint
@@ -528,8 +584,9 @@ impl Progress {
     }
 
     /// The call's one decision, where this rank decides its own plan
-    /// (alone on its device, or a pair's hop; see `planner::decide`).
-    fn decide(&self, item: &Item) -> Result<Plan> {
+    /// (alone on its device, or a pair's hop; see `planner::decide`), with
+    /// healing exploring `explore`.
+    fn decide(&self, item: &Item, explore: Option<Plan>) -> Result<Plan> {
         let n = self.size;
         let call = Call {
             what: &item.what,
@@ -539,6 +596,7 @@ impl Progress {
             } else {
                 Lies::Apart
             },
+            explore,
         };
         let whom = For {
             flight: &self.health.flight,

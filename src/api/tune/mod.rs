@@ -87,7 +87,7 @@ pub(crate) fn table_for(
     // then tunes (one rank, a plan forced), as every constructor does.
     let gift = given(config)?;
     let n = devices.len();
-    if n < 2 || tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
+    if n < 2 || tuning.forced.plan.is_some() || tuning.forced.algorithm != Algorithm::Auto {
         return Ok(None);
     }
     if let Some(t) = gift {
@@ -195,8 +195,8 @@ pub(crate) fn refused(key: String, meets: bool, tuning: &Tuning, others: f64, li
 pub(crate) fn table_of(meets: bool, series: &[Series], tuning: &Tuning) -> Table {
     Table {
         entries: estimate::entries(series),
-        host_fold: tuning.host_fold,
-        units: tuning.units,
+        host_fold: tuning.figures.host_fold,
+        units: tuning.figures.units,
         shared: Some(meets),
         measured: Some(cache::now()),
         second_look: estimate::doubtful(series),
@@ -209,11 +209,10 @@ pub(crate) fn table_of(meets: bool, series: &[Series], tuning: &Tuning) -> Table
 /// (`runtime/same_bits.rs`: the host ring is offered only then).
 pub(crate) fn agreed(first: &RankDevice, n: usize, tuning: &Tuning) -> Result<Tuning> {
     let ranks = u32::try_from(n).unwrap_or(u32::MAX);
-    Ok(Tuning {
-        units: kernel_shape::fastest(first)?,
-        host_fold: same_bits::host_fold_agrees(first, ranks)?,
-        ..tuning.clone()
-    })
+    let mut agreed = tuning.clone();
+    agreed.figures.units = kernel_shape::fastest(first)?;
+    agreed.figures.host_fold = same_bits::host_fold_agrees(first, ranks)?;
+    Ok(agreed)
 }
 
 /// Whether the host ring may run under a table given by the user: where

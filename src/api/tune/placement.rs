@@ -118,7 +118,7 @@ pub(crate) fn placement_for(
         return Ok(unchanged);
     }
     let mut tuning = config.tuning(&first)?;
-    if tuning.plan.is_some() || tuning.algorithm != Algorithm::Auto {
+    if tuning.forced.plan.is_some() || tuning.forced.algorithm != Algorithm::Auto {
         // A forced plan tunes nothing; the figures are measured already.
         return Ok((devices, config.clone(), Some((tuning, None))));
     }
@@ -126,8 +126,8 @@ pub(crate) fn placement_for(
     let apart_cfg = config.clone().with_placement(Placement::DevicePerRank);
     if let Some(t) = gift {
         // Where the table was timed, if it says.
-        tuning.units = t.table.units;
-        tuning.host_fold = given_host_fold(&first, n, &t.table)?;
+        tuning.figures.units = t.table.units;
+        tuning.figures.host_fold = given_host_fold(&first, n, &t.table)?;
         if t.table.shared == Some(false) {
             let apart = devices_on(adapters, 0..n, Placement::DevicePerRank, config)?;
             return Ok((apart, apart_cfg, Some((tuning, Some(t)))));

@@ -20,9 +20,7 @@ use crate::runtime::estimate::{self, Ask, Series};
 use crate::runtime::fingerprint::Kind;
 use crate::runtime::fold_order::FoldOrder;
 use crate::runtime::plan::Plan;
-use crate::runtime::planner::Tuning;
-use crate::runtime::shared;
-use crate::transport::MakePlace;
+use crate::runtime::planner::{Forced, Tuning};
 use crate::transport::local::mesh;
 
 /// The collectives timed.
@@ -114,7 +112,7 @@ pub(crate) fn measure(
     let n = devices.len();
     let here = Over {
         ranks: (0, n),
-        links: &|_| Ok(mesh(n, meets.then_some(shared::place as MakePlace))),
+        links: &|_| Ok(mesh(n, meets)),
         agree: &|v| Ok(v.to_vec()),
         gather: &|v| Ok(v.to_vec()),
         benches,
@@ -147,7 +145,7 @@ pub(crate) fn measure_over(
     let mut contenders: Vec<(Kind, Plan)> = Vec::new();
     for (i, plan) in Plan::ALL.into_iter().enumerate() {
         if (plan == Plan::Direct && !meets)
-            || (plan == Plan::HostRing && !tuning.host_fold)
+            || (plan == Plan::HostRing && !tuning.figures.host_fold)
             || (plan == Plan::TwoLevel && tuning.tier.is_none())
         {
             continue;
@@ -164,13 +162,13 @@ pub(crate) fn measure_over(
         // time does not depend on the dtype's fold order), at a meeting
         // of its own; the planner runs it only where the order allows.
         let forced = Tuning {
-            plan: Some(plan),
-            table: None,
-            heal: None,
-            prefer: None,
-            fold: FoldOrder::Fastest,
+            forced: Forced {
+                plan: Some(plan),
+                fold: FoldOrder::Fastest,
+                ..tuning.forced
+            },
             tier: tuning.tier.as_ref().map(|t| Arc::new(t.fresh())),
-            ..tuning.clone()
+            ..Tuning::new(tuning.forced, tuning.figures)
         };
         let links = (over.links)(i)?;
         // The timing's own calls wait as long as they need: a world made

@@ -139,13 +139,13 @@ impl Unit for AllReduce {
             })?;
             return Ok(None);
         }
-        // Between devices that import host memory, the one-shot folds
-        // there (the same bits).
-        if plan == Plan::OneShot
-            && n > 1
-            && x.words() > 0
-            && host_oneshot::all_reduce(p, x, out, fold)?
-        {
+        // The one-shot has two homes, fixed by this rank's link for the
+        // world's life (so the table times the one that runs): host
+        // memory, where the device imports it, else the device. Both fold
+        // each part in the ring's order (the same bits) and pair on the
+        // wire, so ranks whose devices differ here still pair.
+        if plan == Plan::OneShot && n > 1 && x.words() > 0 && p.folds_in_host_memory() {
+            host_oneshot::all_reduce(p, x, out, fold)?;
             return Ok(None);
         }
         // Out of place, the input is copied first and reduced in place.
