@@ -324,6 +324,12 @@ fn killed(world: &World, timeout: Duration) -> ExitCode {
         Ok(())
     });
     let took = start.elapsed();
+    if dying {
+        // It was to exit in its second collective: a first that failed
+        // (a timeout, say) proves nothing of a death.
+        println!("the process meant to die ended its run instead: {results:?}");
+        return ExitCode::FAILURE;
+    }
     let theirs: Vec<usize> = ((processes - 1) * local..processes * local).collect();
     let results = match results {
         Ok(r) if !r.is_empty() => r,
@@ -339,7 +345,10 @@ fn killed(world: &World, timeout: Duration) -> ExitCode {
             Ok(()) => ok = false,
             Err(e) => {
                 let text = e.to_string();
-                let named = theirs.iter().any(|q| text.contains(&format!("rank {q}")));
+                // The error itself, not its flight record (which names
+                // every rank).
+                let head = text.lines().next().unwrap_or_default();
+                let named = theirs.iter().any(|q| head.contains(&format!("rank {q}")));
                 println!("survivor error after {took:?}: {text}");
                 ok &= named;
             }
